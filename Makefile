@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   compile an example gpt-oss-20b-shaped MoE layer for the CPU, run it, check it
+#   make test   run the test suite (pytest + lit/FileCheck pass tests)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mxmoe-installed
+
+.PHONY: demo test test-all install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[torch,test]'
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m mxmoe.demo
+
+# Default suite: everything except gpt-oss-sized runs (-m slow) and GPU tests (skip without CUDA).
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

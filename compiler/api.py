@@ -1,0 +1,123 @@
+"""``mxmoe.compile``: nn.Module or ExportedProgram -> a compiled, callable module for a target."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from mxmoe.compiler.context import new_context
+from mxmoe.compiler.importer import import_program
+from mxmoe.compiler.pipeline import run_for_target
+from mxmoe.compiler.targets import Target, get_target
+from mxmoe.runtime.signature import TensorSpec, check_inputs
+
+_TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+                      torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
+
+
+def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Input/output specs of an exported program's user-facing entry (dynamic dims as None)."""
+    def spec(name: str, val) -> TensorSpec:
+        if val.dtype not in _TORCH_DTYPE_NAMES:
+            raise ValueError(f"entry tensor '{name}' has unsupported dtype {val.dtype}")
+        dims = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else None for d in val.shape)
+        return TensorSpec(name, _TORCH_DTYPE_NAMES[val.dtype], dims)
+
+    user_inputs = ep.graph_signature.user_inputs
+    nodes = {n.name: n for n in ep.graph.nodes}
+    ins = [spec(n, nodes[n].meta["val"]) for n in user_inputs]
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    outs = [spec(f"out{i}", a.meta["val"]) for i, a in enumerate(out_node.args[0])]
+    return ins, outs
+
+
+@dataclass
+class CompiledModule:
+    """A module compiled for one target, runnable in this process.
+
+    Call it with torch tensors (returns torch tensors) or numpy arrays (returns numpy). Float inputs
+    are cast to the entry's dtype; shapes and dtypes are checked against ``inputs``.
+    """
+
+    target: Target
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    vmfb: bytes | None
+    parameters: dict[str, np.ndarray]
+    mlir: str
+    timings: dict[str, float] = field(default_factory=dict)
+    _executor: Any = None
+
+    def executor(self):
+        if self._executor is None:
+            if not self.target.runnable_here:
+                raise RuntimeError(f"target {self.target.name} cannot run on this machine (compiled for {self.target.arch})")
+            from mxmoe.runtime.iree_executor import IreeExecutor
+
+            self._executor = IreeExecutor(self.vmfb, self.parameters)
+        return self._executor
+
+    def __call__(self, *args):
+        arrays, any_torch = check_inputs(self.inputs, args)
+        outs = self.executor()(*arrays)
+        if any_torch:
+            outs = [_to_torch(o) for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _default_example(module: torch.nn.Module) -> tuple:
+    from mxmoe.torch_frontend.moe import MoE
+
+    if isinstance(module, MoE):
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(4, module.config.hidden, generator=g).to(module.dtype),)
+    raise ValueError("compile: example_inputs is required for a module that is not an mxmoe MoE layer")
+
+
+def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] | None = None,
+            extra_flags: Sequence[str] | None = None) -> CompiledModule:  # noqa: A001
+    """Compile ``source`` (an ``nn.Module`` with ``example_inputs``, or an ``ExportedProgram``) for ``target``."""
+    from mxmoe.torch_frontend.capture import capture
+
+    tgt = get_target(target)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if isinstance(source, torch.export.ExportedProgram):
+        ep = source
+    elif isinstance(source, torch.nn.Module):
+        ep = capture(source, example_inputs if example_inputs is not None else _default_example(source))
+    else:
+        raise TypeError(f"compile: expected an nn.Module or torch.export.ExportedProgram, got {type(source).__name__}")
+    timings["capture_s"] = time.perf_counter() - t0
+    ins, outs = signature_of(ep)
+
+    t0 = time.perf_counter()
+    ctx = new_context()
+    imported = import_program(ep, context=ctx)
+    timings["import_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    run_for_target(imported.module, tgt)
+    mlir = str(imported.module)
+    timings["passes_s"] = time.perf_counter() - t0
+
+    vmfb = None
+    if tgt.backend == "iree":
+        from mxmoe.compiler.iree_backend import compile_to_vmfb
+
+        t0 = time.perf_counter()
+        vmfb = compile_to_vmfb(mlir, tgt, list(extra_flags or []))
+        timings["iree_compile_s"] = time.perf_counter() - t0
+    else:
+        raise NotImplementedError(f"target {tgt.name}: the Triton backend is not built yet")
+    return CompiledModule(tgt, ins, outs, vmfb, imported.parameters, mlir, timings)

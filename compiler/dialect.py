@@ -1,0 +1,266 @@
+"""The mxmoe dialect: op schemas, verifiers and builders, in one place.
+
+This IREE build has no IRDL, so mxmoe ops are *unregistered* MLIR ops (generic form,
+``"mxmoe.route"(...) {...}``) whose contract lives here, in Python. Every pass builds ops through
+:func:`create` and checks them through :func:`verify_op`, so the schema cannot drift between passes.
+
+Ops (``T`` is the dynamic token count, ``k`` the experts per token, weights are packed MXFP4 bytes as i8)::
+
+  mxmoe.route(logits: T x E x f)                          -> (weights: T x k x f32, ids: T x k x i32)
+      {top_k, routing, renormalize}
+  mxmoe.grouped_matmul(x, ids, w, w_scale[, bias])       -> T x k x N x f
+      x: T x K x f (shared by the k slots) or T x k x K x f; w: E x N x K/2 x i8; w_scale: E x N x K/32 x i8;
+      bias: E x N x f. fp32 accumulation, rounded to x's element type.  {has_bias}
+  mxmoe.glu(h: ... x 2I x f)                              -> ... x I x f  {activation, alpha, limit, interleaved}
+  mxmoe.combine(y: T x k x H x f, weights: T x k x f32)   -> T x H x f
+  mxmoe.grouped_matmul_glu(...)      fused by `mxmoe-fuse`: grouped_matmul followed by glu (glu attrs)
+  mxmoe.grouped_matmul_combine(x, ids, w, w_scale[, bias], weights) -> T x H x f
+      fused by `mxmoe-fuse`: grouped_matmul followed by combine
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from iree.compiler import ir
+
+from mxmoe.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+
+DYN = ir.ShapedType.get_dynamic_size() if hasattr(ir.ShapedType, "get_dynamic_size") else -9223372036854775808
+
+
+class VerifyError(ValueError):
+    """An mxmoe op broke its contract; the message starts with the op's location."""
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    name: str
+    attrs: dict[str, type]
+    verify: Callable[["OpView"], None]
+    summary: str
+
+
+class OpView:
+    """Typed access to a generic mxmoe op: attributes as Python values, operand types as shapes."""
+
+    def __init__(self, op: ir.Operation):
+        self.op = op
+        self.name = op.name
+
+    def attr(self, name: str):
+        if name not in self.op.attributes:
+            self.fail(f"missing attribute '{name}'")
+        return py_attr(self.op.attributes[name])
+
+    def operand_types(self) -> list[ir.RankedTensorType]:
+        out = []
+        for i, v in enumerate(self.op.operands):
+            if not isinstance(v.type, ir.RankedTensorType):
+                self.fail(f"operand #{i} must be a ranked tensor, got {v.type}")
+            out.append(ir.RankedTensorType(v.type))
+        return out
+
+    def result_types(self) -> list[ir.RankedTensorType]:
+        return [ir.RankedTensorType(r.type) for r in self.op.results]
+
+    def fail(self, msg: str):
+        raise VerifyError(f"{self.op.location}: '{self.name}' op {msg}")
+
+
+def py_attr(a: ir.Attribute):
+    for cls in (ir.BoolAttr, ir.IntegerAttr, ir.FloatAttr, ir.StringAttr):
+        if isinstance(a, cls):
+            return a.value
+    raise TypeError(f"unsupported attribute {a}")
+
+
+def make_attr(value) -> ir.Attribute:
+    if isinstance(value, bool):
+        return ir.BoolAttr.get(value)
+    if isinstance(value, int):
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+    if isinstance(value, float):
+        return ir.FloatAttr.get(ir.F32Type.get(), value)
+    if isinstance(value, str):
+        return ir.StringAttr.get(value)
+    raise TypeError(f"cannot make an attribute from {value!r}")
+
+
+def shape(t: ir.RankedTensorType) -> list[int | None]:
+    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
+
+
+def _is_float(t: ir.Type) -> bool:
+    return isinstance(t, (ir.F32Type, ir.BF16Type, ir.F16Type))
+
+
+def _is_int(t: ir.Type, width: int) -> bool:
+    return isinstance(t, ir.IntegerType) and ir.IntegerType(t).width == width
+
+
+def _same(a, b) -> bool:
+    return a is None or b is None or a == b
+
+
+# ------------------------------------------------------------------------------------ verifiers
+def _verify_route(v: OpView) -> None:
+    (logits,) = _n_operands(v, 1)
+    if logits.rank != 2 or not _is_float(logits.element_type):
+        v.fail(f"logits must be a rank-2 float tensor, got {logits}")
+    k, routing = v.attr("top_k"), v.attr("routing")
+    v.attr("renormalize")
+    e = shape(logits)[1]
+    if e is None or not 0 < k <= e:
+        v.fail(f"top_k={k} must be in 1..{e} (a static number of experts)")
+    if routing not in ROUTINGS:
+        v.fail(f"routing must be one of {ROUTINGS}, got '{routing}'")
+    res = v.result_types()
+    if len(res) != 2 or shape(res[0])[1:] != [k] or shape(res[1])[1:] != [k]:
+        v.fail(f"results must be (T x {k} x f32, T x {k} x i32)")
+    if not isinstance(res[0].element_type, ir.F32Type) or not _is_int(res[1].element_type, 32):
+        v.fail("results must be f32 weights and i32 ids")
+
+
+def _matmul_operands(v: OpView, extra: int = 0):
+    has_bias = v.attr("has_bias")
+    ts = _n_operands(v, 4 + int(has_bias) + extra)
+    x, ids, w, ws = ts[:4]
+    bias = ts[4] if has_bias else None
+    if not (_is_int(w.element_type, 8) and _is_int(ws.element_type, 8)):
+        v.fail(f"w and w_scale must be i8 (packed MXFP4 / e8m0), got {w.element_type} and {ws.element_type}")
+    if w.rank != 3 or ws.rank != 3:
+        v.fail("w must be E x N x K/2 and w_scale E x N x K/32")
+    e, n, kh = shape(w)
+    if None in (e, n, kh):
+        v.fail("weights must have static shapes")
+    kk = 2 * kh
+    if kk % MXFP4_BLOCK or shape(ws) != [e, n, kk // MXFP4_BLOCK]:
+        v.fail(f"w_scale must be {e} x {n} x {kk // MXFP4_BLOCK} for w {e} x {n} x {kh} (K={kk} in blocks of 32)")
+    if not _is_float(x.element_type) or x.rank not in (2, 3) or not _same(shape(x)[-1], kk):
+        v.fail(f"x must be T x {kk} or T x k x {kk} float, got {x}")
+    if ids.rank != 2 or not _is_int(ids.element_type, 32):
+        v.fail(f"ids must be T x k x i32, got {ids}")
+    if x.rank == 3 and not _same(shape(x)[1], shape(ids)[1]):
+        v.fail(f"x {x} and ids {ids} disagree on k")
+    if bias is not None and (shape(bias) != [e, n] or not _is_float(bias.element_type)):
+        v.fail(f"bias must be {e} x {n} float, got {bias}")
+    return x, ids, w, ws, bias, ts[4 + int(has_bias):]
+
+
+def _verify_glu_attrs(v: OpView) -> None:
+    if v.attr("activation") not in ACTIVATIONS:
+        v.fail(f"activation must be one of {ACTIVATIONS}, got '{v.attr('activation')}'")
+    v.attr("alpha"), v.attr("limit"), v.attr("interleaved")
+
+
+def _verify_grouped_matmul(v: OpView) -> None:
+    x, ids, w, _, _, _ = _matmul_operands(v)
+    (r,) = v.result_types()
+    if shape(r)[1:] != [shape(ids)[1], shape(w)[1]] or r.element_type != x.element_type:
+        v.fail(f"result must be T x {shape(ids)[1]} x {shape(w)[1]} x {x.element_type}, got {r}")
+
+
+def _verify_grouped_matmul_glu(v: OpView) -> None:
+    x, ids, w, _, _, _ = _matmul_operands(v)
+    _verify_glu_attrs(v)
+    n = shape(w)[1]
+    if n % 2:
+        v.fail(f"N={n} must be even (gate and up)")
+    (r,) = v.result_types()
+    if shape(r)[1:] != [shape(ids)[1], n // 2] or r.element_type != x.element_type:
+        v.fail(f"result must be T x {shape(ids)[1]} x {n // 2} x {x.element_type}, got {r}")
+
+
+def _verify_grouped_matmul_combine(v: OpView) -> None:
+    x, ids, w, _, _, (weights,) = _matmul_operands(v, extra=1)
+    if shape(weights)[1:] != shape(ids)[1:] or not isinstance(weights.element_type, ir.F32Type):
+        v.fail(f"weights must be T x k x f32 like ids, got {weights}")
+    (r,) = v.result_types()
+    if shape(r)[1:] != [shape(w)[1]] or r.element_type != x.element_type:
+        v.fail(f"result must be T x {shape(w)[1]} x {x.element_type}, got {r}")
+
+
+def _verify_glu(v: OpView) -> None:
+    (h,) = _n_operands(v, 1)
+    _verify_glu_attrs(v)
+    last = shape(h)[-1]
+    if last is None or last % 2:
+        v.fail(f"last dim must be static and even (gate and up), got {h}")
+    (r,) = v.result_types()
+    if shape(r)[:-1] != shape(h)[:-1] or shape(r)[-1] != last // 2 or r.element_type != h.element_type:
+        v.fail(f"result must halve the last dim of {h}, got {r}")
+
+
+def _verify_combine(v: OpView) -> None:
+    y, weights = _n_operands(v, 2)
+    if y.rank != 3 or weights.rank != 2 or not _same(shape(y)[1], shape(weights)[1]):
+        v.fail(f"expects y T x k x H and weights T x k, got {y} and {weights}")
+    (r,) = v.result_types()
+    if shape(r)[1:] != shape(y)[2:] or r.element_type != y.element_type:
+        v.fail(f"result must be T x {shape(y)[2]} x {y.element_type}, got {r}")
+
+
+def _n_operands(v: OpView, n: int) -> list[ir.RankedTensorType]:
+    ts = v.operand_types()
+    if len(ts) != n:
+        v.fail(f"expects {n} operands, got {len(ts)}")
+    return ts
+
+
+_GLU_ATTRS = {"activation": str, "alpha": float, "limit": float, "interleaved": bool}
+SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
+    OpSchema("mxmoe.route", {"top_k": int, "routing": str, "renormalize": bool}, _verify_route,
+             "top-k expert selection and mixing weights"),
+    OpSchema("mxmoe.grouped_matmul", {"has_bias": bool}, _verify_grouped_matmul,
+             "per (token, slot) MXFP4 matmul with the routed expert"),
+    OpSchema("mxmoe.glu", dict(_GLU_ATTRS), _verify_glu, "gated activation of a fused gate/up projection"),
+    OpSchema("mxmoe.combine", {}, _verify_combine, "weighted sum of a token's k expert outputs"),
+    OpSchema("mxmoe.grouped_matmul_glu", {"has_bias": bool, **_GLU_ATTRS}, _verify_grouped_matmul_glu,
+             "grouped_matmul with the glu fused into its epilogue"),
+    OpSchema("mxmoe.grouped_matmul_combine", {"has_bias": bool}, _verify_grouped_matmul_combine,
+             "grouped_matmul with routing weight and combine fused into its epilogue"),
+)}
+
+
+def is_mxmoe(op) -> bool:
+    return op.name.startswith("mxmoe.")
+
+
+def verify_op(op: ir.Operation) -> None:
+    schema = SCHEMAS.get(op.name)
+    v = OpView(op)
+    if schema is None:
+        v.fail(f"is not an op of the mxmoe dialect (known: {', '.join(sorted(SCHEMAS))})")
+    for name, ty in schema.attrs.items():
+        val = v.attr(name)
+        if ty is float and isinstance(val, int) and not isinstance(val, bool):
+            continue
+        if not isinstance(val, ty) or (ty is int and isinstance(val, bool)):
+            v.fail(f"attribute '{name}' must be {ty.__name__}, got {val!r}")
+    schema.verify(v)
+
+
+def create(name: str, operands: Sequence[ir.Value], result_types: Sequence[ir.Type], attrs: dict,
+           loc: ir.Location | None = None) -> ir.Operation:
+    """Build an mxmoe op at the current insertion point and verify it."""
+    if name not in SCHEMAS:
+        raise KeyError(f"unknown mxmoe op {name}")
+    op = ir.Operation.create(name, results=list(result_types), operands=list(operands),
+                             attributes={k: make_attr(v) for k, v in attrs.items()}, loc=loc)
+    verify_op(op)
+    return op
+
+
+def walk_mxmoe(root: ir.Operation) -> list[ir.Operation]:
+    """All mxmoe ops under ``root``, in program order (collected first so callers may rewrite)."""
+    found: list[ir.Operation] = []
+
+    def visit(op):
+        if is_mxmoe(op):
+            found.append(op.opview.operation if hasattr(op, "opview") else op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found

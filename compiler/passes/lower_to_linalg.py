@@ -1,0 +1,404 @@
+"""mxmoe-lower-to-linalg: mxmoe ops -> ``func.call``s of private linalg/tensor/arith functions.
+
+Each mxmoe op becomes a call to a private function (one per distinct op signature, named after it)
+whose body is plain linalg on tensors, so IREE (or any MLIR pipeline) compiles it for the target and
+inlines it. The token count stays dynamic.
+
+* route: softmax (when first) and k rounds of a deterministic arg-max reduction (ties go to the
+  lower expert index, independent of reduction order), masking each winner before the next round.
+* grouped_matmul (+glu / +combine): the routed expert's packed bytes and scales are read with
+  ``tensor.extract`` at ``ids[t, j]``, so work and weight traffic grow with tokens x top_k, never with
+  the number of experts; each e2m1 nibble is decoded with integer ops to an f32 bit pattern and
+  multiplied by its block's e8m0 scale (also decoded exactly: byte 0 -> 2^-127, 0xFF -> NaN) inside
+  the reduction, so no dequantized weight tensor is ever materialized.
+* glu / combine: elementwise / reduction generics. Fused forms keep the reference's rounding points
+  (the matmul result is rounded to the activation type before the epilogue), so they agree with the
+  unfused ops bit for bit on the same backend.
+
+Weights must be in the ``mxfp4-rowmajor`` layout (the convention's [E, N, K/2] / [E, N, K/32]); a
+weight in any other layout is rejected with a diagnostic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from iree.compiler import ir
+
+from mxmoe.compiler import dialect
+from mxmoe.compiler.dialect import OpView, VerifyError, shape
+
+NAME = "mxmoe-lower-to-linalg"
+
+
+# ------------------------------------------------------------------------------------ text helpers
+def _tt(dims, el: str) -> str:
+    return "tensor<" + "x".join(["?" if d is None else str(d) for d in dims] + [el]) + ">"
+
+
+class _Body:
+    """Accumulates MLIR lines with fresh SSA names."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.n = 0
+
+    def v(self, expr: str, prefix: str = "v", nres: int = 1) -> str:
+        self.n += 1
+        name = f"%{prefix}{self.n}"
+        self.lines.append(f"{name}{'' if nres == 1 else f':{nres}'} = {expr}")
+        return name
+
+    def raw(self, line: str) -> None:
+        self.lines.append(line)
+
+    def const(self, value, ty: str) -> str:
+        return self.v(f"arith.constant {value} : {ty}", "c")
+
+
+def _map(ndims: int, exprs: str) -> str:
+    ds = ", ".join(f"d{i}" for i in range(ndims))
+    return f"affine_map<({ds}) -> ({exprs})>"
+
+
+def _generic(b: _Body, ins: list[tuple[str, str, str]], outs: list[tuple[str, str, str]], iters: list[str],
+             body: list[str], block_args: list[tuple[str, str]], nres: int = 1) -> str:
+    """ins/outs: (value, type, affine map); body lines use the block arg names given."""
+    maps = ", ".join(m for _, _, m in ins + outs)
+    it = ", ".join(f'"{i}"' for i in iters)
+    ins_s = ", ".join(v for v, _, _ in ins)
+    ins_t = ", ".join(t for _, t, _ in ins)
+    outs_s = ", ".join(v for v, _, _ in outs)
+    outs_t = ", ".join(t for _, t, _ in outs)
+    args = ", ".join(f"{n}: {t}" for n, t in block_args)
+    res_t = ", ".join(t for _, t, _ in outs)
+    res_t = res_t if len(outs) == 1 else f"({res_t})"
+    text = (f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{it}]}} "
+            + (f"ins({ins_s} : {ins_t}) " if ins else "")
+            + f"outs({outs_s} : {outs_t}) {{\n^bb0({args}):\n    " + "\n    ".join(body) + f"\n  }} -> {res_t}")
+    return b.v(text, "g", nres)
+
+
+def _to_f32_lines(v: str, el: str, out: str) -> list[str]:
+    if el == "f32":
+        return [f"{out} = arith.maximumf {v}, {v} : f32"]  # identity that keeps the SSA name fresh
+    return [f"{out} = arith.extf {v} : {el} to f32"]
+
+
+def _from_f32_lines(v: str, el: str, out: str) -> list[str]:
+    if el == "f32":
+        return [f"{out} = arith.maximumf {v}, {v} : f32"]
+    return [f"{out} = arith.truncf {v} : f32 to {el}"]
+
+
+def _empty(b: _Body, dims, el: str, dyn: list[str]) -> str:
+    return b.v(f"tensor.empty({', '.join(dyn)}) : {_tt(dims, el)}", "e")
+
+
+def _filled(b: _Body, dims, el: str, dyn: list[str], value: str) -> str:
+    e = _empty(b, dims, el, dyn)
+    c = b.const(value, el)
+    return b.v(f"linalg.fill ins({c} : {el}) outs({e} : {_tt(dims, el)}) -> {_tt(dims, el)}", "f")
+
+
+def _round(b: _Body, src: str, dims, el: str, dyn: list[str]) -> str:
+    """f32 tensor -> el tensor (elementwise truncf), or src itself when el is f32."""
+    if el == "f32":
+        return src
+    n = len(dims)
+    ident = _map(n, ", ".join(f"d{i}" for i in range(n)))
+    out = _empty(b, dims, el, dyn)
+    return _generic(b, [(src, _tt(dims, "f32"), ident)], [(out, _tt(dims, el), ident)], ["parallel"] * n,
+                    [f"%r = arith.truncf %a : f32 to {el}", f"linalg.yield %r : {el}"], [("%a", "f32"), ("%o", el)])
+
+
+# ------------------------------------------------------------------------------- MXFP4 decode body
+def _decode_lines(code_i8: str, scale_i8: str, out: str) -> list[str]:
+    """e2m1 code (low 4 bits of an i8) times e8m0 scale byte -> f32 ``out``, exactly."""
+    return [
+        f"%q = arith.extui {code_i8} : i8 to i32",
+        "%k3 = arith.constant 3 : i32", "%k1 = arith.constant 1 : i32", "%k7 = arith.constant 7 : i32",
+        "%k22 = arith.constant 22 : i32", "%k23 = arith.constant 23 : i32", "%k31 = arith.constant 31 : i32",
+        "%k126 = arith.constant 126 : i32", "%khalf = arith.constant 1056964608 : i32", "%k0 = arith.constant 0 : i32",
+        "%sgn0 = arith.shrui %q, %k3 : i32", "%sgn1 = arith.andi %sgn0, %k1 : i32", "%sgn = arith.shli %sgn1, %k31 : i32",
+        "%mag = arith.andi %q, %k7 : i32", "%ex = arith.shrui %mag, %k1 : i32", "%man = arith.andi %mag, %k1 : i32",
+        "%exb0 = arith.addi %ex, %k126 : i32", "%exb = arith.shli %exb0, %k23 : i32", "%manb = arith.shli %man, %k22 : i32",
+        "%nrm = arith.ori %exb, %manb : i32", "%sub = arith.muli %man, %khalf : i32",
+        "%issub = arith.cmpi eq, %ex, %k0 : i32", "%mbits = arith.select %issub, %sub, %nrm : i32",
+        "%bits = arith.ori %mbits, %sgn : i32", "%val = arith.bitcast %bits : i32 to f32",
+        f"%sq = arith.extui {scale_i8} : i8 to i32", "%sb = arith.shli %sq, %k23 : i32",
+        "%kmin = arith.constant 4194304 : i32", "%knan = arith.constant 2143289344 : i32", "%k255 = arith.constant 255 : i32",
+        "%isz = arith.cmpi eq, %sq, %k0 : i32", "%isn = arith.cmpi eq, %sq, %k255 : i32",
+        "%sb1 = arith.select %isz, %kmin, %sb : i32", "%sb2 = arith.select %isn, %knan, %sb1 : i32",
+        "%scl = arith.bitcast %sb2 : i32 to f32",
+        f"{out} = arith.mulf %val, %scl : f32",
+    ]
+
+
+# ----------------------------------------------------------------------------------------- route
+def _route_func(fname: str, v: OpView) -> str:
+    (lt,) = v.operand_types()
+    t_, e = shape(lt)
+    el = str(lt.element_type)
+    k, routing, renorm = v.attr("top_k"), v.attr("routing"), v.attr("renormalize")
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %logits, {c0} : {_tt([None, e], el)}", "T")
+    id2 = _map(2, "d0, d1")
+    row = _map(2, "d0")
+    # logits -> f32
+    src = _generic(b, [("%logits", _tt([None, e], el), id2)], [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)],
+                   ["parallel", "parallel"], _to_f32_lines("%a", el, "%r") + ["linalg.yield %r : f32"],
+                   [("%a", el), ("%o", "f32")])
+    if routing == "softmax_topk":
+        src = _softmax(b, src, [None, e], T)
+    vals = _empty(b, [None, k], "f32", [T])
+    ids = _empty(b, [None, k], "i32", [T])
+    masked = src
+    for j in range(k):
+        vmax = _filled(b, [None], "f32", [T], "0xFF800000")
+        imax = _filled(b, [None], "i32", [T], str(e))
+        red = _generic(
+            b, [(masked, _tt([None, e], "f32"), id2)],
+            [(vmax, _tt([None], "f32"), row), (imax, _tt([None], "i32"), row)], ["parallel", "reduction"],
+            ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
+             "%gt = arith.cmpf ogt, %a, %bv : f32", "%eq = arith.cmpf oeq, %a, %bv : f32",
+             "%lo = arith.cmpi slt, %ei, %bi : i32", "%tie = arith.andi %eq, %lo : i1", "%take = arith.ori %gt, %tie : i1",
+             "%nv = arith.select %take, %a, %bv : f32", "%ni = arith.select %take, %ei, %bi : i32",
+             "linalg.yield %nv, %ni : f32, i32"],
+            [("%a", "f32"), ("%bv", "f32"), ("%bi", "i32")], nres=2)
+        rv, ri = red + "#0", red + "#1"
+        vals = b.v(f"tensor.insert_slice {rv} into {vals}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'f32')} into {_tt([None, k], 'f32')}", "ins")
+        ids = b.v(f"tensor.insert_slice {ri} into {ids}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'i32')} into {_tt([None, k], 'i32')}", "ins")
+        if j + 1 < k:
+            masked = _generic(
+                b, [(masked, _tt([None, e], "f32"), id2), (ri, _tt([None], "i32"), row)],
+                [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)], ["parallel", "parallel"],
+                ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
+                 "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
+                 "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
+                [("%a", "f32"), ("%w", "i32"), ("%o", "f32")])
+    if routing == "topk_softmax":
+        weights = _softmax(b, vals, [None, k], T)
+    elif renorm:
+        weights = _normalize(b, vals, [None, k], T)
+    else:
+        weights = vals
+    b.raw(f"return {weights}, {ids} : {_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}")
+    return (f"func.func private @{fname}(%logits: {_tt([None, e], el)}) -> ({_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}) {{\n  "
+            + "\n  ".join(b.lines) + "\n}")
+
+
+def _row_reduce(b: _Body, src: str, n: int, T: str, init: str, combine: str) -> str:
+    acc = _filled(b, [None], "f32", [T], init)
+    return _generic(b, [(src, _tt([None, n], "f32"), _map(2, "d0, d1"))], [(acc, _tt([None], "f32"), _map(2, "d0"))],
+                    ["parallel", "reduction"], [f"%r = {combine} %a, %o : f32", "linalg.yield %r : f32"],
+                    [("%a", "f32"), ("%o", "f32")])
+
+
+def _softmax(b: _Body, src: str, dims, T: str) -> str:
+    n = dims[1]
+    id2, row = _map(2, "d0, d1"), _map(2, "d0")
+    mx = _row_reduce(b, src, n, T, "0xFF800000", "arith.maximumf")
+    ex = _generic(b, [(src, _tt(dims, "f32"), id2), (mx, _tt([None], "f32"), row)],
+                  [(_empty(b, dims, "f32", [T]), _tt(dims, "f32"), id2)], ["parallel", "parallel"],
+                  ["%d = arith.subf %a, %m : f32", "%r = math.exp %d : f32", "linalg.yield %r : f32"],
+                  [("%a", "f32"), ("%m", "f32"), ("%o", "f32")])
+    return _normalize(b, ex, dims, T)
+
+
+def _normalize(b: _Body, src: str, dims, T: str) -> str:
+    id2, row = _map(2, "d0, d1"), _map(2, "d0")
+    sm = _row_reduce(b, src, dims[1], T, "0.0", "arith.addf")
+    return _generic(b, [(src, _tt(dims, "f32"), id2), (sm, _tt([None], "f32"), row)],
+                    [(_empty(b, dims, "f32", [T]), _tt(dims, "f32"), id2)], ["parallel", "parallel"],
+                    ["%r = arith.divf %a, %s : f32", "linalg.yield %r : f32"], [("%a", "f32"), ("%s", "f32"), ("%o", "f32")])
+
+
+# -------------------------------------------------------------------------------- grouped matmul
+def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_t: str, n: int, kk: int,
+                 bias_t: str | None, T: str) -> str:
+    """Emit the f32 [T, k, N] result of the grouped matmul (+bias) into ``b``; returns its name."""
+    xel = str(xt.element_type)
+    out_dims = [None, k, n]
+    acc = _filled(b, out_dims, "f32", [T], "0.0")
+    xmap = _map(4, "d0, d3") if xt.rank == 2 else _map(4, "d0, d1, d3")
+    body = [
+        "%n = linalg.index 2 : index", "%c = linalg.index 3 : index",
+        "%e = arith.index_cast %id : i32 to index",
+        "%two = arith.constant 2 : index", "%k32 = arith.constant 32 : index",
+        "%bi = arith.divui %c, %two : index", "%blk = arith.divui %c, %k32 : index",
+        f"%byte = tensor.extract %w[%e, %n, %bi] : {w_t}",
+        f"%sbyte = tensor.extract %s[%e, %n, %blk] : {s_t}",
+        "%odd = arith.remui %c, %two : index", "%oddi = arith.index_cast %odd : index to i8",
+        "%four = arith.constant 4 : i8", "%sh = arith.muli %oddi, %four : i8",
+        "%hi = arith.shrui %byte, %sh : i8", "%m15 = arith.constant 15 : i8", "%code = arith.andi %hi, %m15 : i8",
+        *_decode_lines("%code", "%sbyte", "%wv"),
+        *_to_f32_lines("%xv", xel, "%xf"),
+        "%p = arith.mulf %xf, %wv : f32", "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
+    ]
+    mm = _generic(b, [(x, str(xt), xmap), ("%ids", _tt([None, k], "i32"), _map(4, "d0, d1"))],
+                  [(acc, _tt(out_dims, "f32"), _map(4, "d0, d1, d2"))],
+                  ["parallel", "parallel", "parallel", "reduction"], body,
+                  [("%xv", xel), ("%id", "i32"), ("%acc", "f32")])
+    if bias_t is None:
+        return mm
+    bel = bias_t.rsplit("x", 1)[1].rstrip(">")
+    id3 = _map(3, "d0, d1, d2")
+    return _generic(b, [(mm, _tt(out_dims, "f32"), id3), ("%ids", _tt([None, k], "i32"), _map(3, "d0, d1"))],
+                    [(_empty(b, out_dims, "f32", [T]), _tt(out_dims, "f32"), id3)], ["parallel"] * 3,
+                    ["%n = linalg.index 2 : index", "%e = arith.index_cast %id : i32 to index",
+                     f"%bv = tensor.extract %bias[%e, %n] : {bias_t}", *_to_f32_lines("%bv", bel, "%bf"),
+                     "%r = arith.addf %a, %bf : f32", "linalg.yield %r : f32"],
+                    [("%a", "f32"), ("%id", "i32"), ("%o", "f32")])
+
+
+def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str, act: str, alpha: float, limit: float,
+               interleaved: bool) -> str:
+    """glu over the last dim of ``h`` (type el_in, already rounded as the reference does) -> el_out tensor."""
+    r = len(dims_in)
+    two_i = dims_in[-1]
+    i = two_i // 2
+    exp_dims = dims_in[:-1] + ([i, 2] if interleaved else [2, i])
+    reassoc = "[" + ", ".join([f"[{d}]" for d in range(r - 1)] + [f"[{r - 1}, {r}]"]) + "]"
+    out_shape = ", ".join([T] + [str(d) for d in dims_in[1:-1]] + [str(x) for x in exp_dims[-2:]])
+    hx = b.v(f"tensor.expand_shape {h} {reassoc} output_shape [{out_shape}] : {_tt(dims_in, el_in)} into {_tt(exp_dims, el_in)}", "x")
+    lead = ", ".join(f"d{d}" for d in range(r - 1))
+    last = f"d{r - 1}"
+    if interleaved:
+        gmap, umap = _map(r, f"{lead}, {last}, 0"), _map(r, f"{lead}, {last}, 1")
+    else:
+        gmap, umap = _map(r, f"{lead}, 0, {last}"), _map(r, f"{lead}, 1, {last}")
+    out_dims = dims_in[:-1] + [i]
+    body = _to_f32_lines("%g0", el_in, "%g1") + _to_f32_lines("%u0", el_in, "%u1") + ["%one = arith.constant 1.0 : f32"]
+    if act == "swiglu_oai":
+        body += [f"%lim = arith.constant {float(limit)!r} : f32", f"%nlim = arith.constant {-float(limit)!r} : f32",
+                 f"%alpha = arith.constant {float(alpha)!r} : f32",
+                 "%g = arith.minimumf %g1, %lim : f32", "%u2 = arith.minimumf %u1, %lim : f32", "%u = arith.maximumf %u2, %nlim : f32",
+                 "%z = arith.mulf %g, %alpha : f32", "%nz = arith.negf %z : f32", "%ez = math.exp %nz : f32",
+                 "%den = arith.addf %ez, %one : f32", "%sig = arith.divf %one, %den : f32", "%glu = arith.mulf %g, %sig : f32",
+                 "%up1 = arith.addf %u, %one : f32", "%res = arith.mulf %up1, %glu : f32"]
+    else:
+        body += ["%nz = arith.negf %g1 : f32", "%ez = math.exp %nz : f32", "%den = arith.addf %ez, %one : f32",
+                 "%sig = arith.divf %one, %den : f32", "%glu = arith.mulf %g1, %sig : f32", "%res = arith.mulf %u1, %glu : f32"]
+    body += _from_f32_lines("%res", el_out, "%out") + [f"linalg.yield %out : {el_out}"]
+    ident = _map(r, ", ".join(f"d{d}" for d in range(r)))
+    return _generic(b, [(hx, _tt(exp_dims, el_in), gmap), (hx, _tt(exp_dims, el_in), umap)],
+                    [(_empty(b, out_dims, el_out, [T]), _tt(out_dims, el_out), ident)], ["parallel"] * r, body,
+                    [("%g0", el_in), ("%u0", el_in), ("%o", el_out)])
+
+
+def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str) -> str:
+    _, k, h = ydims
+    acc = _filled(b, [None, h], "f32", [T], "0.0")
+    red = _generic(b, [(y, _tt(ydims, yel), _map(3, "d0, d2, d1")), (weights, _tt([None, k], "f32"), _map(3, "d0, d2"))],
+                   [(acc, _tt([None, h], "f32"), _map(3, "d0, d1"))], ["parallel", "parallel", "reduction"],
+                   _to_f32_lines("%yv", yel, "%yf") + ["%p = arith.mulf %yf, %wv : f32", "%r = arith.addf %o, %p : f32",
+                                                       "linalg.yield %r : f32"],
+                   [("%yv", yel), ("%wv", "f32"), ("%o", "f32")])
+    return _round(b, red, [None, h], yel, [T])
+
+
+def _matmul_func(fname: str, v: OpView) -> str:
+    ts = v.operand_types()
+    has_bias = v.attr("has_bias")
+    x, ids, w, s = ts[:4]
+    e, n, kh = shape(w)
+    kk = 2 * kh
+    k = shape(ids)[1]
+    xel = str(x.element_type)
+    args = [f"%x: {x}", f"%ids: {ids}", f"%w: {w}", f"%s: {s}"]
+    bias_t = str(ts[4]) if has_bias else None
+    if has_bias:
+        args.append(f"%bias: {bias_t}")
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
+    mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
+    rounded = _round(b, mm, [None, k, n], xel, [T])
+    if v.name == "mxmoe.grouped_matmul":
+        result, rt = rounded, _tt([None, k, n], xel)
+    elif v.name == "mxmoe.grouped_matmul_glu":
+        result = _glu_apply(b, rounded, [None, k, n], xel, xel, T, v.attr("activation"), v.attr("alpha"),
+                            v.attr("limit"), v.attr("interleaved"))
+        rt = _tt([None, k, n // 2], xel)
+    else:  # grouped_matmul_combine
+        args.append(f"%weights: {ts[-1]}")
+        result = _combine_apply(b, rounded, [None, k, n], xel, "%weights", T)
+        rt = _tt([None, n], xel)
+    b.raw(f"return {result} : {rt}")
+    return f"func.func private @{fname}({', '.join(args)}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"
+
+
+def _glu_func(fname: str, v: OpView) -> str:
+    (h,) = v.operand_types()
+    dims = shape(h)
+    el = str(h.element_type)
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %h, {c0} : {h}", "T")
+    out = _glu_apply(b, "%h", dims, el, el, T, v.attr("activation"), v.attr("alpha"), v.attr("limit"), v.attr("interleaved"))
+    rt = v.result_types()[0]
+    b.raw(f"return {out} : {rt}")
+    return f"func.func private @{fname}(%h: {h}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"
+
+
+def _combine_func(fname: str, v: OpView) -> str:
+    y, wt = v.operand_types()
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %y, {c0} : {y}", "T")
+    out = _combine_apply(b, "%y", shape(y), str(y.element_type), "%weights", T)
+    rt = v.result_types()[0]
+    b.raw(f"return {out} : {rt}")
+    return f"func.func private @{fname}(%y: {y}, %weights: {wt}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"
+
+
+_EMITTERS = {
+    "mxmoe.route": _route_func,
+    "mxmoe.grouped_matmul": _matmul_func,
+    "mxmoe.grouped_matmul_glu": _matmul_func,
+    "mxmoe.grouped_matmul_combine": _matmul_func,
+    "mxmoe.glu": _glu_func,
+    "mxmoe.combine": _combine_func,
+}
+
+LAYOUT_ATTR = "mxmoe.layout"
+SUPPORTED_LAYOUTS = ("mxfp4-rowmajor",)
+
+
+def _check_layout(v: OpView) -> None:
+    if v.name.startswith("mxmoe.grouped_matmul") and LAYOUT_ATTR in v.op.attributes:
+        layout = dialect.py_attr(v.op.attributes[LAYOUT_ATTR])
+        if layout not in SUPPORTED_LAYOUTS:
+            v.fail(f"weight layout '{layout}' has no linalg lowering (supported: {', '.join(SUPPORTED_LAYOUTS)})")
+
+
+def _signature_key(op: ir.Operation) -> str:
+    text = op.name + "|" + "|".join(str(o.type) for o in op.operands) + "|" + "|".join(
+        f"{n}={op.attributes[n]}" for n in op.attributes if n != LAYOUT_ATTR)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def run(module_op: ir.Operation) -> None:
+    module_body = module_op.regions[0].blocks[0]
+    emitted: set[str] = set()
+    for op in dialect.walk_mxmoe(module_op):
+        dialect.verify_op(op)
+        v = OpView(op)
+        _check_layout(v)
+        fname = op.name.replace(".", "_") + "_" + _signature_key(op)
+        if fname not in emitted:
+            text = _EMITTERS[op.name](fname, v)
+            try:
+                func = ir.Operation.parse(text)
+            except Exception as exc:  # a bug in the emitter, not bad user input
+                raise VerifyError(f"{op.location}: internal error lowering '{op.name}': {exc}\n{text}") from exc
+            ir.InsertionPoint(module_body).insert(func)
+            emitted.add(fname)
+        with ir.InsertionPoint(op), op.location:
+            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=list(op.operands),
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(fname)})
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()

@@ -1,0 +1,45 @@
+"""Target names mxmoe compiles for, and what each one means for the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str           # canonical spelling, e.g. "rocm:gfx942"
+    backend: str        # "iree" or "triton"
+    arch: str           # "host", "gfx942", "sm_90", ...
+    layout: str         # weight layout the lowering reads
+    pad_multiple: int   # H and I are padded up to this
+
+    @property
+    def iree_flags(self) -> list[str]:
+        if self.backend != "iree":
+            raise ValueError(f"{self.name} is not an IREE target")
+        if self.arch == "host":
+            return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+                    "--iree-llvmcpu-target-cpu=host"]
+        return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
+
+    @property
+    def runnable_here(self) -> bool:
+        return self.arch == "host"
+
+
+TARGETS = {
+    "cpu": Target("cpu", "iree", "host", "mxfp4-rowmajor", 32),
+    "rocm:gfx942": Target("rocm:gfx942", "iree", "gfx942", "mxfp4-rowmajor", 32),
+    "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", "mxfp4-rowmajor", 32),
+    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", "triton-mxfp4-kmajor", 32),
+    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", "triton-mxfp4-kmajor", 32),
+}
+
+
+def get_target(name: str) -> Target:
+    if isinstance(name, Target):
+        return name
+    try:
+        return TARGETS[str(name).strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known targets: {', '.join(TARGETS)}") from None

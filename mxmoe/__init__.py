@@ -1,0 +1,20 @@
+"""mxmoe: an MLIR-based compiler and runtime for MXFP4 Mixture-of-Experts layers.
+
+Importing ``mxmoe`` is cheap and needs no torch: the layers (``mxmoe.torch_frontend``,
+``mxmoe.compiler``, ``mxmoe.runtime``) load on first use.
+"""
+
+from mxmoe._version import __version__
+from mxmoe.config import MoEConfig, preset
+
+__all__ = ["__version__", "MoEConfig", "preset", "compile"]
+
+
+def compile(source, target: str = "cpu", **options):  # noqa: A001 - mirrors torch.compile's name on purpose
+    """Compile an nn.Module (with ``example_inputs=``) or an ExportedProgram for ``target``.
+
+    Thin forwarder so ``mxmoe.compile`` works without importing the compiler at ``import mxmoe``.
+    """
+    from mxmoe.compiler.api import compile as _compile
+
+    return _compile(source, target=target, **options)

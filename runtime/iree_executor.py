@@ -1,0 +1,53 @@
+"""Runs an IREE-compiled mxmoe module (a .vmfb plus its weights as IREE parameters). No torch.
+
+Weights come from a parameter archive (.irpa, memory-mapped, never read whole into memory) or from
+in-memory numpy arrays; both are bound under the scope the compiler used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Mapping, Sequence
+
+import numpy as np
+
+PARAMETER_SCOPE = "model"
+
+
+class IreeExecutor:
+    """One loaded module on one IREE device; calls are serialised, so sharing it across threads is safe."""
+
+    def __init__(self, vmfb: bytes, parameters: str | os.PathLike | Mapping[str, np.ndarray],
+                 driver: str = "local-task", function: str = "main"):
+        import iree.runtime as rt
+
+        self._rt = rt
+        self._config = rt.Config(driver)
+        index = rt.ParameterIndex()
+        if isinstance(parameters, Mapping):
+            self._keepalive = {k: np.ascontiguousarray(v) for k, v in parameters.items()}
+            for name, arr in self._keepalive.items():
+                index.add_buffer(name, arr.reshape(-1).view(np.uint8) if arr.size else arr.tobytes())
+        else:
+            index.load(os.fspath(parameters), mmap=True)
+        self._index = index
+        inst = self._config.vm_instance
+        modules = [rt.create_io_parameters_module(inst, index.create_provider(scope=PARAMETER_SCOPE)),
+                   rt.create_hal_module(inst, self._config.device),
+                   rt.VmModule.copy_buffer(inst, vmfb)]
+        self._context = rt.SystemContext(vm_modules=modules, config=self._config)
+        self._fn = getattr(self._context.modules.module, function)
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        with self._lock:
+            out = self._fn(*inputs)
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            return [np.asarray(o.to_host()).copy() for o in outs]
+
+
+def available_drivers() -> Sequence[str]:
+    import iree.runtime as rt
+
+    return rt.query_available_drivers()

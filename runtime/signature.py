@@ -1,0 +1,92 @@
+"""Entry-point signatures and the input checks the runtime does against them. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+_DTYPES = {"bfloat16", "float16", "float32", "int32", "int64", "uint8"}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str                       # "bfloat16", "float32", ...
+    shape: tuple[int | None, ...]    # None marks a dynamic dim
+    max_dims: tuple[int | None, ...] | None = None  # upper bounds of dynamic dims, where known
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSpec":
+        if d.get("dtype") not in _DTYPES:
+            raise ValueError(f"tensor spec {d.get('name')!r}: unknown dtype {d.get('dtype')!r}")
+        md = d.get("max_dims")
+        return cls(d["name"], d["dtype"], tuple(d["shape"]), tuple(md) if md is not None else None)
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if s is None else str(s) for s in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+def as_numpy(value: Any) -> tuple[np.ndarray, bool]:
+    """(numpy view/copy of value, whether it was a torch tensor). torch is never imported here."""
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        t = value.detach()
+        if t.device.type != "cpu":
+            raise ValueError(f"this module runs on the CPU; got a tensor on {t.device}")
+        if str(t.dtype) == "torch.bfloat16":
+            import ml_dtypes
+
+            return t.contiguous().view(dtype=_torch_int16(t)).numpy().view(ml_dtypes.bfloat16), True
+        return t.contiguous().numpy(), True
+    return np.asarray(value), False
+
+
+def _torch_int16(t):
+    import torch  # only reached when the caller passed a torch tensor, so torch is importable
+
+    return torch.int16
+
+
+def check_inputs(specs: Sequence[TensorSpec], values: Sequence[Any]) -> tuple[list[np.ndarray], bool]:
+    """Validate and convert inputs; float inputs are cast to the entry's float dtype."""
+    if len(values) != len(specs):
+        want = ", ".join(s.describe() for s in specs)
+        raise ValueError(f"expected {len(specs)} input(s) ({want}), got {len(values)}")
+    out, any_torch = [], False
+    for spec, v in zip(specs, values):
+        a, was_torch = as_numpy(v)
+        any_torch |= was_torch
+        want = numpy_dtype(spec.dtype)
+        if a.dtype != want:
+            if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+                if want.kind != "f" and want.name != "bfloat16":
+                    raise ValueError(f"input '{spec.name}': expected {spec.dtype}, got {a.dtype}")
+                a = a.astype(want)
+            else:
+                raise ValueError(f"input '{spec.name}': expected {spec.dtype}, got {a.dtype}")
+        if a.ndim != len(spec.shape):
+            raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), "
+                             f"got shape {tuple(a.shape)}")
+        for i, (got, exp) in enumerate(zip(a.shape, spec.shape)):
+            if exp is not None and got != exp:
+                raise ValueError(f"input '{spec.name}': dim {i} must be {exp} ({spec.describe()}), got shape {tuple(a.shape)}")
+            if exp is None:
+                hi = spec.max_dims[i] if spec.max_dims else None
+                if got < 1 or (hi is not None and got > hi):
+                    raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside 1..{hi or 'inf'}")
+        out.append(np.ascontiguousarray(a))
+    return out, any_torch

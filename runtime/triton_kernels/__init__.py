@@ -1,0 +1,14 @@
+"""NVIDIA (Triton) kernels for MXFP4 MoE layers: routing, grouping by expert, the two grouped
+MXFP4 GEMMs with fused GLU / combine, and ahead-of-time compilation of all of them."""
+
+from .aot import aot_compile
+from .grouping import ExpertGroups, group_by_expert
+from .layout import COL_MAJOR, LAYOUTS, ROW_MAJOR, WeightLayout
+from .moe import moe_forward, plan_moe_forward
+from .routing import route
+from .tile_config import TileConfig, choose_config
+
+__all__ = [
+    "COL_MAJOR", "ExpertGroups", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout", "aot_compile",
+    "choose_config", "group_by_expert", "moe_forward", "plan_moe_forward", "route",
+]

@@ -1,0 +1,133 @@
+"""Triton kernels behind :mod:`.grouped_gemm`.
+
+Both GEMMs run over the padded, expert-sorted row space of :class:`~.grouping.ExpertGroups`:
+program (b, n) computes rows ``block_start[b] + [0, BLOCK_M)`` of expert ``block_expert[b]``
+against BLOCK_N weight columns. The weights are the rhs of ``tl.dot_scaled`` as a [BLOCK_K/2,
+BLOCK_N] uint8 tile packed along K with a [BLOCK_N, BLOCK_K/32] e8m0 scale tile; Hopper upcasts
+them to bf16 in the kernel, Blackwell feeds them to its native MXFP4 MMA.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
+                 N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
+    """Packed values [BLOCK_K/2, BLOCK_N] and scales [BLOCK_N, BLOCK_K/32] of one expert's columns."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
+    s_base = s_ptr + expert.to(tl.int64) * (N * K // 32)
+    if K_CONTIGUOUS:
+        w_offs = cols[None, :] * (K // 2) + kb[:, None]
+        s_offs = cols[:, None] * (K // 32) + ks[None, :]
+    else:
+        w_offs = kb[:, None] * N + cols[None, :]
+        s_offs = ks[None, :] * N + cols[:, None]
+    w = tl.load(w_base + w_offs, mask=(kb[:, None] < K // 2) & col_mask[None, :], other=0)
+    s = tl.load(s_base + s_offs, mask=col_mask[:, None] & (ks[None, :] < K // 32), other=127)
+    return w, s
+
+
+@triton.jit
+def _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
+    """(expert, sorted rows, row mask) of this program's block; expert < 0 means nothing to do."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block)
+    rows = tl.load(block_start_ptr + block) + tl.arange(0, BLOCK_M)
+    row_end = tl.load(expert_offsets_ptr + tl.maximum(expert, 0) + 1)
+    return expert, rows, rows < row_end
+
+
+@triton.jit
+def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
+                    sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                    HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr,
+                    ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
+
+    Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
+    odd c, so one dot yields matched gate/up pairs for either GLU layout and the activation is
+    applied before anything leaves registers. x rows are gathered by token index in the loads.
+    """
+    expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    if expert < 0:
+        return
+    tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K
+    c = tl.arange(0, BLOCK_N)
+    act_col = tl.program_id(1) * (BLOCK_N // 2) + c // 2
+    if INTERLEAVED:
+        cols = 2 * act_col + c % 2
+    else:
+        cols = act_col + (c % 2) * INTERMEDIATE
+    col_mask = act_col < INTERMEDIATE
+
+    x_rows = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
+        w, s = _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
+                            2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+        acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
+
+    gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
+    if SWIGLU_OAI:
+        gate = tl.minimum(gate, LIMIT)
+        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        act = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+    else:
+        act = up * gate * tl.sigmoid(gate)
+
+    out_col = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE + out_col[None, :],
+             act.to(act_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & (out_col[None, :] < INTERMEDIATE))
+
+
+@triton.jit
+def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr,
+                        sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                        HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
+
+    Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
+    scatters, by token. A token receives exactly TOP_K adds, one per slot.
+    """
+    expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    if expert < 0:
+        return
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < HIDDEN
+
+    a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, INTERMEDIATE, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
+        w, s = _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
+                            HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+        acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]
+
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
+    acc *= tl.load(routing_weights_ptr + pairs, mask=row_mask, other=0.0)[:, None]
+    tokens = pairs // TOP_K
+    tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
+                  mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+@triton.jit
+def cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
+    """fp32 accumulator -> output dtype (the combine needs fp32 for its atomics)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,55 @@
+"""Triton kernel behind :mod:`.grouping`."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
+                           block_start_ptr, num_pairs, num_blocks,
+                           NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                           BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """A stable counting sort of (token, slot) pairs by expert, in one program.
+
+    Pass 1 counts pairs per expert; pass 2 places each pair at its expert's offset plus its rank
+    among earlier pairs of the same expert (a cumsum of one-hot rows), so the order inside a group
+    is the pair order and the result is the same on every run. Pass 3 maps each BLOCK_M block of
+    the padded row space to (expert, first sorted row); blocks past the last group get expert -1.
+    One program keeps it free of atomics and inter-CTA sync; it reads ids twice, which is cheap
+    next to the GEMMs for the token counts of an MoE layer.
+    """
+    experts = tl.arange(0, EXPERTS_POW2)
+    lanes = tl.arange(0, CHUNK)
+
+    counts = tl.zeros([EXPERTS_POW2], tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        pairs = start + lanes
+        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    ends = tl.cumsum(counts, axis=0)
+    begins = ends - counts
+    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
+    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+
+    placed = tl.zeros([EXPERTS_POW2], tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        pairs = start + lanes
+        valid = pairs < num_pairs
+        ids = tl.load(ids_ptr + pairs, mask=valid, other=-1)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        dest = tl.sum(onehot * (rank + (begins + placed)[None, :]), axis=1)
+        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid)
+        placed += tl.sum(onehot, axis=0)
+
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_ends = tl.cumsum(blocks, axis=0)
+    # First sorted row of an expert's j-th block is begins + j*BLOCK_M = b*BLOCK_M + row_shift.
+    row_shift = begins - (block_ends - blocks) * BLOCK_M
+    for start in range(0, num_blocks, CHUNK):
+        b = start + lanes
+        owner = tl.sum((block_ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        shift = tl.sum(tl.where(experts[None, :] == owner[:, None], row_shift[None, :], 0), axis=1)
+        valid = b < num_blocks
+        tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
+        tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)

@@ -1,0 +1,104 @@
+"""The two grouped MXFP4 GEMMs of an MoE layer, as launch descriptions.
+
+* ``plan_glu_gemm``: w13 with bias and GLU activation fused -> activations [T*k, I] (bf16) in
+  expert-sorted row order, so the second GEMM reads its rows contiguously.
+* ``plan_combine_gemm``: w2 with bias, routing-weight multiply and the combine back to token
+  order fused, by fp32 atomic adds into a zeroed [T, H] accumulator.
+
+Combine determinism: adds into one output element come from a token's k slots in whatever order
+their CTAs finish. Starting from 0, fp32 ``0 + a + b == 0 + b + a`` exactly, so top_k <= 2 is
+bitwise deterministic; for top_k >= 3 results may differ run to run in the last fp32 bit (well
+below the final bf16 rounding, which it can still flip rarely). The alternative, writing [T, k, H]
+and reducing, costs a full extra [T, k, H] write and read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._gemm_kernels import cast_kernel, combine_gemm_kernel, glu_gemm_kernel
+from ._launch import KernelLaunch
+from .grouping import ExpertGroups
+from .layout import WeightLayout
+from .tile_config import TileConfig
+
+ACTIVATIONS = ("swiglu_oai", "silu")
+
+
+def _no_bias(device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+def _check_weights(w, s, bias, layout: WeightLayout, n: int, k: int, num_experts: int, what: str):
+    got = layout.logical_shape(w)
+    if got != (num_experts, n, k):
+        raise ValueError(f"{what}: expected logical [E, N, K] = {(num_experts, n, k)} in layout "
+                         f"{layout.name}, got {got} from shape {tuple(w.shape)}")
+    if s.numel() != num_experts * n * k // 32 or w.dtype != torch.uint8 or s.dtype != torch.uint8:
+        raise ValueError(f"{what}: bad scales {tuple(s.shape)} {s.dtype} for values {tuple(w.shape)} {w.dtype}")
+    if bias is not None and tuple(bias.shape) != (num_experts, n):
+        raise ValueError(f"{what}: bias must be [E, N] = {(num_experts, n)}, got {tuple(bias.shape)}")
+
+
+def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_scale: torch.Tensor,
+                  w13_bias: torch.Tensor | None, *, top_k: int, layout: WeightLayout,
+                  config: TileConfig, activation: str = "swiglu_oai", alpha: float = 1.702,
+                  limit: float = 7.0, interleaved: bool = True) -> tuple[KernelLaunch, torch.Tensor]:
+    """Describe the w13 GEMM; returns (launch, activations [T*k, I] bf16 in sorted row order)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if config.BLOCK_M != groups.block_m:
+        raise ValueError(f"config.BLOCK_M={config.BLOCK_M} differs from the grouping's {groups.block_m}")
+    num_tokens, hidden = x.shape
+    num_experts = groups.expert_offsets.shape[0] - 1
+    n13 = layout.logical_shape(w13)[1]
+    intermediate = n13 // 2
+    _check_weights(w13, w13_scale, w13_bias, layout, n13, hidden, num_experts, "w13")
+    act = torch.empty(num_tokens * top_k, intermediate, dtype=torch.bfloat16, device=x.device)
+    launch = KernelLaunch(
+        "glu_gemm", glu_gemm_kernel, (groups.num_blocks, triton.cdiv(n13, config.BLOCK_N)),
+        dict(x_ptr=x, w_ptr=w13, s_ptr=w13_scale,
+             bias_ptr=w13_bias if w13_bias is not None else _no_bias(x.device), act_ptr=act,
+             sorted_pairs_ptr=groups.sorted_pairs, expert_offsets_ptr=groups.expert_offsets,
+             block_expert_ptr=groups.block_expert, block_start_ptr=groups.block_start),
+        dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w13_bias is not None,
+             INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
+             ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
+             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return launch, act
+
+
+def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: torch.Tensor,
+                      w2: torch.Tensor, w2_scale: torch.Tensor, w2_bias: torch.Tensor | None,
+                      out: torch.Tensor, *, top_k: int, layout: WeightLayout,
+                      config: TileConfig) -> KernelLaunch:
+    """Describe the w2 GEMM that adds into ``out`` ([T, H] fp32, zeroed by the caller)."""
+    if config.BLOCK_M != groups.block_m:
+        raise ValueError(f"config.BLOCK_M={config.BLOCK_M} differs from the grouping's {groups.block_m}")
+    if out.dtype != torch.float32:
+        raise TypeError("the combine accumulates with fp32 atomics; out must be fp32")
+    num_experts = groups.expert_offsets.shape[0] - 1
+    intermediate = act.shape[1]
+    hidden = out.shape[1]
+    _check_weights(w2, w2_scale, w2_bias, layout, hidden, intermediate, num_experts, "w2")
+    return KernelLaunch(
+        "combine_gemm", combine_gemm_kernel, (groups.num_blocks, triton.cdiv(hidden, config.BLOCK_N)),
+        dict(act_ptr=act, w_ptr=w2, s_ptr=w2_scale,
+             bias_ptr=w2_bias if w2_bias is not None else _no_bias(act.device),
+             routing_weights_ptr=routing_weights, out_ptr=out,
+             sorted_pairs_ptr=groups.sorted_pairs, expert_offsets_ptr=groups.expert_offsets,
+             block_expert_ptr=groups.block_expert, block_start_ptr=groups.block_start),
+        dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
+             K_CONTIGUOUS=layout.k_contiguous,
+             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def plan_cast(src: torch.Tensor, dst: torch.Tensor) -> KernelLaunch:
+    """Describe the fp32 accumulator -> output dtype copy."""
+    block = 1024
+    return KernelLaunch("cast", cast_kernel, (triton.cdiv(src.numel(), block),),
+                        dict(src_ptr=src, dst_ptr=dst, numel=src.numel()), dict(BLOCK=block),
+                        num_warps=4, num_stages=1, dynamic_ints=frozenset({"numel"}))

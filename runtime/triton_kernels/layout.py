@@ -1,0 +1,59 @@
+"""Memory layouts of packed MXFP4 expert weights, as the grouped GEMMs read them.
+
+The logical tensors are the checkpoint's: values [E, N, K/2] uint8 (two e2m1 codes a byte, low
+nibble = even k) and scales [E, N, K/32] uint8 (e8m0). A layout is a reversible re-arrangement of
+those two tensors; the kernels take the layout's ``k_contiguous`` flag as a compile-time constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """``k_contiguous``: stored [E, N, K/2] / [E, N, K/32] (each output row's bytes contiguous along K)
+    when True; stored [E, K/2, N] / [E, K/32, N] (N contiguous) when False."""
+
+    name: str
+    k_contiguous: bool
+
+    def swizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checkpoint tensors -> what the kernels read (a new contiguous copy when the order changes)."""
+        _check_logical(w, w_scale)
+        if self.k_contiguous:
+            return w.contiguous(), w_scale.contiguous()
+        return w.transpose(-1, -2).contiguous(), w_scale.transpose(-1, -2).contiguous()
+
+    def unswizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inverse of :meth:`swizzle`."""
+        if self.k_contiguous:
+            out = w.contiguous(), w_scale.contiguous()
+        else:
+            out = w.transpose(-1, -2).contiguous(), w_scale.transpose(-1, -2).contiguous()
+        _check_logical(*out)
+        return out
+
+    def logical_shape(self, w: torch.Tensor) -> tuple[int, int, int]:
+        """(E, N, K) of swizzled values ``w``, K counted in elements (two per byte)."""
+        e, a, b = w.shape
+        return (e, a, 2 * b) if self.k_contiguous else (e, b, 2 * a)
+
+
+def _check_logical(w: torch.Tensor, w_scale: torch.Tensor) -> None:
+    if w.dtype != torch.uint8 or w_scale.dtype != torch.uint8:
+        raise TypeError(f"MXFP4 values and scales must be uint8, got {w.dtype} and {w_scale.dtype}")
+    if w.dim() != 3 or w_scale.shape != (w.shape[0], w.shape[1], w.shape[2] * 2 // 32):
+        raise ValueError(f"expected values [E, N, K/2] and scales [E, N, K/32], got {tuple(w.shape)} "
+                         f"and {tuple(w_scale.shape)}")
+
+
+#: The checkpoint's own order. Each tile's packed bytes are read as [BLOCK_K/2, BLOCK_N] with K the
+#: contiguous axis, which is the K-packed rhs ``tl.dot_scaled`` takes; coalesced along K.
+ROW_MAJOR = WeightLayout("row_major_nk", k_contiguous=True)
+#: Transposed: N contiguous, so a warp's load spans output columns instead of K.
+COL_MAJOR = WeightLayout("col_major_kn", k_contiguous=False)
+
+LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}

@@ -1,0 +1,62 @@
+"""Tile shapes for the grouped MXFP4 GEMMs, picked by a fixed rule (no run-time autotuning).
+
+Autotuning at run time would compile several variants on first use and make ahead-of-time builds
+depend on the machine they ran on; a fixed rule keeps both JIT and AOT builds reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: At or below this many (token, slot) rows per expert on average we are streaming weights
+#: (memory-bound decode); above it, rows start to share weight tiles (compute-bound prefill).
+DECODE_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One tile shape. BLOCK_M is also the row padding of each expert's group (see grouping)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+        if self.BLOCK_K < 64:
+            raise ValueError("TileConfig.BLOCK_K must be >= 64 (two MXFP4 scale groups per packed row)")
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -> TileConfig:
+    """Tile shape for a grouped GEMM with output width ``N`` and reduction depth ``K``.
+
+    BLOCK_M depends only on ``num_tokens`` (never on N or K) so the w13 and w2 GEMMs of one forward
+    agree on it: both read the same per-block expert map. ``top_k`` is accepted for the signature's
+    sake; the class boundary is on tokens because with E >> k each expert sees ~T*k/E rows.
+    """
+    del top_k  # see docstring
+    decode = num_tokens <= DECODE_MAX_TOKENS
+    if decode:
+        # Few rows per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
+        # CTAs (narrow N) and issue long K loads.
+        block_m, block_n, block_k, warps, stages = 16, 64, 256, 4, 4
+    elif num_tokens <= 1024:
+        block_m, block_n, block_k, warps, stages = 64, 128, 128, 4, 3
+    else:
+        block_m, block_n, block_k, warps, stages = 128, 128, 128, 8, 3
+    if arch >= 100 and not decode:
+        # Blackwell's native MXFP4 MMA likes wide N tiles; the operands stay within shared memory.
+        block_n = 256 if N >= 256 else block_n
+    # Don't tile far past tiny problems (tests, small models).
+    block_n = max(16, min(block_n, _pow2_at_least(N)))
+    block_k = max(64, min(block_k, _pow2_at_least(K)))
+    return TileConfig(block_m, block_n, block_k, warps, stages)

@@ -1,0 +1,279 @@
+"""mxmoe.runtime.triton_kernels against a plain-torch reference.
+
+Without a GPU the kernels run under Triton's interpreter on CPU tensors (TRITON_INTERPRET must be
+set before the kernel modules are imported: ``triton.jit`` reads it at decoration time). With a
+GPU the same small cases run compiled on CUDA, and the ``gpu`` tests add larger shapes.
+"""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from mxmoe.runtime.triton_kernels import (  # noqa: E402
+    COL_MAJOR, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+if not HAS_CUDA:
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    if not hasattr(InterpreterBuilder, "create_dot_scaled"):  # Triton < 3.7's interpreter
+        pytestmark = pytest.mark.skip(reason="this Triton's interpreter has no tl.dot_scaled")
+
+# ---------------------------------------------------------------- reference
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def dequantize(w, s):
+    """[E, N, K/2] codes + [E, N, K/32] e8m0 -> [E, N, K] fp32 (low nibble = even k)."""
+    codes = torch.stack([w & 0xF, w >> 4], -1).flatten(-2).long()
+    return E2M1.to(w.device)[codes] * torch.exp2(s.float() - 127).repeat_interleave(32, -1)
+
+
+def reference_route(logits, top_k, routing="topk_softmax", renormalize=False):
+    logits = logits.float()
+    if routing == "topk_softmax":
+        top, ids = logits.topk(top_k, dim=1)
+        return torch.softmax(top, dim=1), ids.int()
+    top, ids = torch.softmax(logits, dim=1).topk(top_k, dim=1)
+    if renormalize:
+        top = top / top.sum(1, keepdim=True)
+    return top, ids.int()
+
+
+def reference_moe(x, logits, w13, s13, b13, w2, s2, b2, *, top_k, routing="topk_softmax",
+                  renormalize=False, activation="swiglu_oai", alpha=1.702, limit=7.0, interleaved=True):
+    """Gather each expert's tokens, run its MLP in fp32, scatter-add weighted outputs."""
+    W13, W2 = dequantize(w13, s13), dequantize(w2, s2)
+    intermediate = W13.shape[1] // 2
+    weights, ids = reference_route(logits, top_k, routing, renormalize)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(W13.shape[0]):
+        t, j = (ids == e).nonzero(as_tuple=True)
+        h = x[t].float() @ W13[e].T + (b13[e] if b13 is not None else 0)
+        gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :intermediate], h[:, intermediate:])
+        if activation == "swiglu_oai":
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+            a = (up + 1) * gate * torch.sigmoid(alpha * gate)
+        else:
+            a = up * gate * torch.sigmoid(gate)
+        y = a.to(x.dtype).float() @ W2[e].T + (b2[e] if b2 is not None else 0)
+        out.index_add_(0, t, weights[t, j, None] * y)
+    return out.to(x.dtype)
+
+
+def random_mxfp4(E, N, K, *, bias, gen, device=DEVICE):
+    """Random codes with scales sized so that a K-long dot with N(0,1) inputs is O(1)."""
+    w = torch.randint(0, 256, (E, N, K // 2), generator=gen, dtype=torch.uint8)
+    center = 127 - round(0.5 * math.log2(K * 8.6))  # 8.6 = mean square of the e2m1 values
+    s = torch.randint(center - 1, center + 2, (E, N, K // 32), generator=gen).to(torch.uint8)
+    b = 0.5 * torch.randn(E, N, generator=gen) if bias else None
+    return w.to(device), s.to(device), (b.to(device) if bias else None)
+
+
+def make_layer(T, E, H, I, *, bias=True, dtype=torch.bfloat16, seed=0, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    logits = torch.randn(T, E, generator=gen)
+    w13, s13, b13 = random_mxfp4(E, 2 * I, H, bias=bias, gen=gen, device=device)
+    w2, s2, b2 = random_mxfp4(E, H, I, bias=bias, gen=gen, device=device)
+    return x.to(device), logits.to(device), (w13, s13, b13, w2, s2, b2)
+
+
+def run_and_compare(x, logits, weights, *, layout=ROW_MAJOR, config=None, **kw):
+    w13, s13, b13, w2, s2, b2 = weights
+    w13_l, s13_l = layout.swizzle(w13, s13)
+    w2_l, s2_l = layout.swizzle(w2, s2)
+    out = moe_forward(x, logits, w13_l, s13_l, b13, w2_l, s2_l, b2, layout=layout, config=config, **kw)
+    ref = reference_moe(x, logits, *weights, **kw)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    return out
+
+
+# ---------------------------------------------------------------- routing and grouping
+
+@pytest.mark.parametrize("routing,renormalize", [("topk_softmax", False), ("softmax_topk", False),
+                                                 ("softmax_topk", True)])
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+@pytest.mark.parametrize("num_tokens,num_experts", [(1, 8), (17, 8), (70, 32), (5, 6)])
+def test_route_matches_torch_topk(routing, renormalize, top_k, num_tokens, num_experts):
+    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(top_k))
+    weights, ids = route(logits.to(DEVICE), top_k, routing, renormalize)
+    ref_weights, ref_ids = reference_route(logits, top_k, routing, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.cpu(), ref_ids)
+    torch.testing.assert_close(weights.cpu(), ref_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_route_breaks_ties_towards_lower_expert():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]], device=DEVICE)
+    weights, ids = route(logits, 3)
+    assert ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+    torch.testing.assert_close(weights.cpu(), torch.full((2, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("case", ["random", "empty_experts", "one_expert"])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_group_by_expert(case, block_m):
+    E, T, k = 8, 37, 2
+    gen = torch.Generator().manual_seed(1)
+    if case == "random":
+        ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    elif case == "empty_experts":
+        ids = torch.stack([torch.randperm(3, generator=gen)[:k] * 2 for _ in range(T)])  # 0, 2, 4
+    else:
+        ids = torch.full((T, 1), 5)
+    groups = group_by_expert(ids.int().to(DEVICE), E, block_m)
+    flat = ids.flatten()
+    sorted_pairs = groups.sorted_pairs.cpu()
+    offsets = groups.expert_offsets.cpu()
+    assert torch.equal(sorted_pairs, torch.argsort(flat, stable=True).int())
+    counts = torch.bincount(flat, minlength=E)
+    assert torch.equal(offsets, torch.cat([torch.zeros(1), counts.cumsum(0)]).int())
+    # Every sorted row is covered by exactly one block of its own expert.
+    covered = torch.zeros(flat.numel(), dtype=torch.int32)
+    for e, start in zip(groups.block_expert.tolist(), groups.block_start.tolist()):
+        if e < 0:
+            continue
+        rows = torch.arange(start, min(start + block_m, int(offsets[e + 1])))
+        assert int(offsets[e]) <= start < int(offsets[e + 1])
+        assert bool((flat[sorted_pairs[rows].long()] == e).all())
+        covered[rows] += 1
+    assert bool((covered == 1).all())
+    assert sum(-(-int(c) // block_m) for c in counts) == int((groups.block_expert >= 0).sum())
+
+
+# ---------------------------------------------------------------- layout and configs
+
+@pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_layout_round_trip(layout):
+    gen = torch.Generator().manual_seed(2)
+    w, s, _ = random_mxfp4(3, 40, 96, bias=False, gen=gen, device="cpu")
+    w2, s2 = layout.swizzle(w, s)
+    assert w2.is_contiguous() and s2.is_contiguous()
+    assert layout.logical_shape(w2) == (3, 40, 96)
+    back_w, back_s = layout.unswizzle(w2, s2)
+    assert torch.equal(back_w, w) and torch.equal(back_s, s)
+
+
+@pytest.mark.parametrize("arch", [90, 100])
+def test_choose_config_classes(arch):
+    decode = choose_config(1, 4, 5760, 2880, arch)
+    prefill = choose_config(4096, 4, 5760, 2880, arch)
+    assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
+    for T in (1, 64, 65, 1024, 4096):  # both GEMMs of one forward must share BLOCK_M
+        assert choose_config(T, 4, 5760, 2880, arch).BLOCK_M == choose_config(T, 4, 2880, 2880, arch).BLOCK_M
+    assert choose_config(1, 2, 64, 96, arch).BLOCK_N == 64
+    with pytest.raises(ValueError):
+        TileConfig(24, 64, 128, 4, 3)
+
+
+# ---------------------------------------------------------------- the whole forward
+
+PREFILL = TileConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)
+
+FORWARD_CASES = {
+    # name: (T, E, k, H, I, options)
+    "decode_t1": (1, 8, 2, 64, 64, dict()),
+    "t3_k4_silu_concat_nobias_colmajor": (3, 8, 4, 96, 160, dict(
+        activation="silu", interleaved=False, bias=False, layout=COL_MAJOR, routing="softmax_topk",
+        renormalize=True)),
+    "t17_k1": (17, 8, 1, 64, 96, dict()),
+    "t17_softmax_topk": (17, 8, 2, 64, 96, dict(routing="softmax_topk", layout=COL_MAJOR)),
+    "t64_k4_concat": (64, 8, 4, 64, 160, dict(interleaved=False)),
+    "t64_prefill_tiles_colmajor": (64, 8, 2, 96, 96, dict(config=PREFILL, layout=COL_MAJOR)),
+    "fp32_activations": (5, 8, 2, 64, 64, dict(dtype=torch.float32, activation="silu")),
+}
+
+
+@pytest.mark.parametrize("name", list(FORWARD_CASES))
+def test_moe_forward_matches_reference(name):
+    T, E, k, H, I, opts = FORWARD_CASES[name]
+    opts = dict(opts)
+    x, logits, weights = make_layer(T, E, H, I, bias=opts.pop("bias", True),
+                                    dtype=opts.pop("dtype", torch.bfloat16), seed=T)
+    run_and_compare(x, logits, weights, top_k=k, **opts)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_moe_forward_all_tokens_on_one_expert(top_k):
+    x, logits, weights = make_layer(20, 8, 64, 96, seed=3)
+    logits[:, 5] += 100.0  # expert 5 takes every token (and slot 0); with k=1 seven experts are empty
+    run_and_compare(x, logits, weights, top_k=top_k)
+
+
+def test_moe_forward_with_unused_experts():
+    x, logits, weights = make_layer(9, 8, 64, 64, seed=4)
+    logits[:, 1::2] -= 100.0  # odd experts never chosen
+    run_and_compare(x, logits, weights, top_k=2, layout=COL_MAJOR, config=PREFILL)
+
+
+# ---------------------------------------------------------------- ahead-of-time compilation
+
+AOT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from mxmoe.runtime.triton_kernels import aot_compile
+    sizes = {arch: {name: len(cubin) for name, cubin in aot_compile(
+                 arch, num_experts=8, top_k=2, hidden=64, intermediate=96).items()}
+             for arch in (90, 100)}
+    print(json.dumps(sizes))
+""")
+
+
+def test_aot_compile_gives_a_cubin_per_kernel():
+    """Runs in a subprocess: AOT needs real (not interpreted) kernels. ~15 s on 2 cores."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    for arch in ("90", "100"):
+        assert set(sizes[arch]) == {"route", "group_by_expert", "glu_gemm", "combine_gemm", "cast"}
+        assert all(n > 0 for n in sizes[arch].values()), sizes
+
+
+# ---------------------------------------------------------------- GPU only
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR], ids=lambda lt: lt.name)
+@pytest.mark.parametrize("T", [1, 64, 1024])
+def test_gpu_medium_shape(T, layout):
+    x, logits, weights = make_layer(T, 32, 512, 768, seed=T)
+    run_and_compare(x, logits, weights, top_k=4, layout=layout)
+    run_and_compare(x, logits, weights, top_k=4, layout=layout, activation="silu", interleaved=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@gpu
+@pytest.mark.parametrize("T", [1, 64, 1024])
+def test_gpu_gpt_oss_20b_shape(T):
+    x, logits, weights = make_layer(T, 32, 2880, 2880, seed=T)
+    run_and_compare(x, logits, weights, top_k=4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_top2_combine_is_bitwise_deterministic():
+    """fp32 atomics from 0: a + b == b + a, so with k <= 2 the combine does not depend on order."""
+    x, logits, weights = make_layer(512, 32, 512, 512, seed=7)
+    first = moe_forward(x, logits, *weights, top_k=2)
+    assert all(torch.equal(first, moe_forward(x, logits, *weights, top_k=2)) for _ in range(5))

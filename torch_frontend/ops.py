@@ -1,0 +1,157 @@
+"""The mxmoe custom ops: how an MoE layer looks to torch.export and to the compiler.
+
+An MoE layer is four ops, split where the compiler wants seams:
+
+* ``mxmoe::route(logits, top_k, routing, renormalize) -> (weights f32 [T,k], ids i32 [T,k])``
+* ``mxmoe::mxfp4_grouped_matmul(x, ids, w, w_scale, bias?) -> [T,k,N]``: row ``(t, j)`` is
+  ``x[t] @ dequant(w[ids[t,j]])^T + bias[ids[t,j]]``; ``x`` is ``[T,K]`` (shared by the k slots)
+  or ``[T,k,K]`` (one row per slot). fp32 accumulation, result rounded to ``x.dtype``.
+* ``mxmoe::glu(h, activation, alpha, limit, interleaved) -> [..., I]`` from ``[..., 2I]``.
+* ``mxmoe::combine(y, weights) -> [T,H]``: ``sum_j weights[t,j] * y[t,j]`` in fp32, rounded to ``y.dtype``.
+
+Each op has an eager implementation, which *is* the reference semantics every compiled path is tested
+against, and a fake implementation so torch.export keeps it as one node with a symbolic token count.
+Biases are cast to fp32 before they are added, whatever their stored dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from mxmoe.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+from mxmoe.torch_frontend.mxfp4 import dequantize
+
+_LIB = "mxmoe"
+
+
+def _check(cond: bool, op: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"mxmoe.{op}: {msg}")
+
+
+# --------------------------------------------------------------------------------------------- route
+@torch.library.custom_op(f"{_LIB}::route", mutates_args=())
+def route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> tuple[Tensor, Tensor]:
+    """Pick ``top_k`` experts per token and their mixing weights (fp32, ids int32)."""
+    lf = logits.float()
+    if routing == "topk_softmax":
+        vals, ids = torch.topk(lf, top_k, dim=-1)
+        weights = torch.softmax(vals, dim=-1)
+    else:
+        probs = torch.softmax(lf, dim=-1)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+@route.register_fake
+def _(logits, top_k, routing, renormalize):
+    t = logits.shape[0]
+    return logits.new_empty((t, top_k), dtype=torch.float32), logits.new_empty((t, top_k), dtype=torch.int32)
+
+
+def check_route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> None:
+    _check(logits.dim() == 2, "route", f"logits must be [T, E], got shape {tuple(logits.shape)}")
+    _check(logits.is_floating_point(), "route", f"logits must be floating point, got {logits.dtype}")
+    _check(0 < top_k <= logits.shape[1], "route", f"top_k={top_k} must be in 1..{logits.shape[1]} (num experts)")
+    _check(routing in ROUTINGS, "route", f"routing must be one of {ROUTINGS}, got {routing!r}")
+
+
+# ---------------------------------------------------------------------------- mxfp4_grouped_matmul
+@torch.library.custom_op(f"{_LIB}::mxfp4_grouped_matmul", mutates_args=())
+def mxfp4_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """Per (token, slot) matmul with the MXFP4 weights of the expert routed there.
+
+    Only experts that some token selected are dequantized, so the reference costs
+    O(tokens x top_k) expert reads, like the compiled paths.
+    """
+    t, k = ids.shape
+    n = w.shape[1]
+    xs = x.float() if x.dim() == 3 else x.float().unsqueeze(1).expand(t, k, x.shape[-1])
+    out = torch.zeros((t, k, n), dtype=torch.float32, device=x.device)
+    ids_l = ids.long()
+    for e in torch.unique(ids_l).tolist():
+        sel = ids_l == e
+        we = dequantize(w[e], w_scale[e])  # [N, K] fp32
+        y = xs[sel] @ we.t()
+        if bias is not None:
+            y = y + bias[e].float()
+        out[sel] = y
+    return out.to(x.dtype)
+
+
+@mxfp4_grouped_matmul.register_fake
+def _(x, ids, w, w_scale, bias):
+    return x.new_empty((ids.shape[0], ids.shape[1], w.shape[1]))
+
+
+def check_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bias: Optional[Tensor]) -> None:
+    op = "mxfp4_grouped_matmul"
+    _check(w.dtype == torch.uint8, op, f"w must be packed uint8 MXFP4, got {w.dtype}")
+    _check(w_scale.dtype == torch.uint8, op, f"w_scale must be uint8 e8m0, got {w_scale.dtype}")
+    _check(w.dim() == 3, op, f"w must be [E, N, K/2], got shape {tuple(w.shape)}")
+    e, n, kh = w.shape
+    kk = 2 * kh
+    _check(kk % MXFP4_BLOCK == 0, op, f"K={kk} is not a multiple of the MXFP4 block ({MXFP4_BLOCK})")
+    _check(tuple(w_scale.shape) == (e, n, kk // MXFP4_BLOCK), op,
+           f"w_scale must be {(e, n, kk // MXFP4_BLOCK)} for w {tuple(w.shape)}, got {tuple(w_scale.shape)}")
+    _check(x.is_floating_point(), op, f"x must be floating point, got {x.dtype}")
+    _check(x.dim() in (2, 3) and x.shape[-1] == kk, op, f"x must be [T, {kk}] or [T, k, {kk}], got {tuple(x.shape)}")
+    _check(ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64), op,
+           f"ids must be int32/int64 [T, k], got {ids.dtype} {tuple(ids.shape)}")
+    if x.dim() == 3:
+        _check(tuple(x.shape[:2]) == tuple(ids.shape), op, f"x {tuple(x.shape)} and ids {tuple(ids.shape)} disagree on [T, k]")
+    if bias is not None:
+        _check(tuple(bias.shape) == (e, n), op, f"bias must be {(e, n)}, got {tuple(bias.shape)}")
+
+
+# ----------------------------------------------------------------------------------------------- glu
+@torch.library.custom_op(f"{_LIB}::glu", mutates_args=())
+def glu(h: Tensor, activation: str, alpha: float, limit: float, interleaved: bool) -> Tensor:
+    """Gated activation of a fused gate/up projection, computed in fp32."""
+    hf = h.float()
+    if interleaved:
+        gate, up = hf[..., 0::2], hf[..., 1::2]
+    else:
+        gate, up = hf.chunk(2, dim=-1)
+    if activation == "swiglu_oai":
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        out = (up + 1.0) * (gate * torch.sigmoid(alpha * gate))
+    else:
+        out = up * (gate * torch.sigmoid(gate))
+    return out.to(h.dtype)
+
+
+@glu.register_fake
+def _(h, activation, alpha, limit, interleaved):
+    return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
+
+
+def check_glu(h: Tensor, activation: str) -> None:
+    _check(activation in ACTIVATIONS, "glu", f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    _check(h.shape[-1] % 2 == 0, "glu", f"last dim must be even (gate and up), got {h.shape[-1]}")
+
+
+# ------------------------------------------------------------------------------------------- combine
+@torch.library.custom_op(f"{_LIB}::combine", mutates_args=())
+def combine(y: Tensor, weights: Tensor) -> Tensor:
+    """Weighted sum of the k expert outputs of each token."""
+    return (y.float() * weights.float().unsqueeze(-1)).sum(dim=1).to(y.dtype)
+
+
+@combine.register_fake
+def _(y, weights):
+    return y.new_empty((y.shape[0], y.shape[2]))
+
+
+OPS = {
+    "route": route,
+    "mxfp4_grouped_matmul": mxfp4_grouped_matmul,
+    "glu": glu,
+    "combine": combine,
+}
