@@ -76,6 +76,11 @@ def py_attr(a: ir.Attribute):
     raise TypeError(f"unsupported attribute {a}")
 
 
+def py_attr_symbol(a: ir.Attribute) -> str:
+    """The name a FlatSymbolRefAttr (``@name``) refers to."""
+    return ir.FlatSymbolRefAttr(a).value
+
+
 def make_attr(value) -> ir.Attribute:
     if isinstance(value, bool):
         return ir.BoolAttr.get(value)

@@ -151,7 +151,9 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {name: f.get(name) for name in f.keys()}
 
 
-def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> None:
     """Write ``tensors`` (numpy, bfloat16 via ml_dtypes) as a safetensors file readable by safetensors.torch.
 
     Tensors are laid out by decreasing item size so each starts aligned to its dtype (the header is
@@ -214,7 +216,7 @@ class _Tensors:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 self._where = {name: self.path / shard for name, shard in weight_map.items()}
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise ValueError(f"{index}: corrupt index, expected JSON with a 'weight_map' object ({exc!r})") from None
+                raise ValueError(f"{index}: corrupt index, expected JSON with a 'weight_map' ({exc!r})") from None
             self.label = str(index)
         elif self.path.is_dir():
             shards = sorted(self.path.glob("*.safetensors"))

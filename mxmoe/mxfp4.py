@@ -72,12 +72,13 @@ def _rounding_thresholds(dtype: np.dtype) -> np.ndarray:
     exceeded; those whose lower neighbour is odd (0.75, 1.75, 3.5) round up when reached, which "strictly
     above the previous float" expresses with a single comparison.
     """
-    below = lambda v: np.nextafter(dtype.type(v), dtype.type(0))  # noqa: E731
-    return np.array([0.25, below(0.75), 1.25, below(1.75), 2.5, below(3.5), 5.0], dtype=dtype)
+    t = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=dtype)
+    odd_below = np.array([False, True, False, True, False, True, False])
+    t[odd_below] = np.nextafter(t[odd_below], dtype.type(0))
+    return t
 
 
-_THRESHOLDS = {np.dtype(np.float32): _rounding_thresholds(np.dtype(np.float32)),
-               np.dtype(np.float64): _rounding_thresholds(np.dtype(np.float64))}
+_THRESHOLDS = {dt: _rounding_thresholds(dt) for dt in (np.dtype(np.float32), np.dtype(np.float64))}
 
 
 def pack_fp4(codes: np.ndarray) -> np.ndarray:
@@ -208,7 +209,7 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, dtype=np.float32, axis: i
         raise ValueError(f"scales: expected dtype uint8, got {scales.dtype}")
     axis = _check_blocked_axis("packed", packed.shape, axis)
     if scales.ndim != packed.ndim:
-        raise ValueError(f"scales: expected {packed.ndim} dimensions like packed {packed.shape}, got shape {scales.shape}")
+        raise ValueError(f"scales: expected {packed.ndim} dimensions like packed {packed.shape}, got {scales.shape}")
     half = packed.shape[axis]
     expected = packed.shape[:axis] + (half * 2 // MXFP4_BLOCK,) + packed.shape[axis + 1 :]
     if half % (MXFP4_BLOCK // 2) or scales.shape != expected:

@@ -63,7 +63,7 @@ def check_tensor(name: str, array, shape: tuple[int, ...], dtype) -> None:
         raise ValueError(f"{name}: expected shape {shape} {dtype}, got {_describe(array)}")
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: comparing arrays field by field has no single truth value
 class MoEWeights:
     """One MoE layer: router, fused gate/up (w13) and down (w2) projections in MXFP4, optional biases.
 
@@ -220,7 +220,8 @@ class MoEWeights:
             raise ValueError(f"missing tensors: {', '.join(missing)}")
         unknown = sorted(set(d) - set(VLLM_NAMES.values()))
         if unknown:
-            raise ValueError(f"unknown tensors: {', '.join(unknown)}; expected names from {sorted(VLLM_NAMES.values())}")
+            known = ", ".join(VLLM_NAMES.values())
+            raise ValueError(f"unknown tensors: {', '.join(unknown)}; expected names among {known}")
         return cls(config, **{f: d.get(VLLM_NAMES[f]) for f in VLLM_NAMES})
 
 

@@ -77,7 +77,8 @@ def test_validate_names_the_tensor_with_expected_and_actual():
 @pytest.mark.parametrize(
     "field, value, match",
     [
-        ("router_weight", np.zeros((8, 64), np.float64), r"router_weight: expected shape \(8, 64\) float32, got \(8, 64\) float64"),
+        ("router_weight", np.zeros((8, 64), np.float64),
+         r"router_weight: expected shape \(8, 64\) float32, got \(8, 64\) float64"),
         ("w2", np.zeros((8, 64, 48), np.int8), r"w2: expected shape \(8, 64, 48\) uint8, got \(8, 64, 48\) int8"),
         ("w2_bias", None, r"w2_bias: expected shape \(8, 64\) float32, got None"),
         ("w13", [1, 2], r"w13: expected shape \(8, 192, 32\) uint8, got list"),
@@ -93,7 +94,8 @@ def test_post_init_rejects_bad_tensors(field, value, match):
 def test_bias_present_when_config_says_none():
     fields = dict(vars(MoEWeights.random(TINY)))
     fields["config"] = TINY.replace(bias=False)
-    with pytest.raises(ValueError, match=r"w13_bias: expected None because config.bias is False, got \(8, 192\) float32"):
+    match = r"w13_bias: expected None because config.bias is False, got \(8, 192\) float32"
+    with pytest.raises(ValueError, match=match):
         MoEWeights(**fields)
 
 
@@ -113,7 +115,9 @@ def test_from_float_rejects_wrong_shapes():
     src = MoEWeights.random(TINY)
     w13, w2 = src.dequantized()
     with pytest.raises(ValueError, match=r"w2: expected float shape \(8, 64, 96\), got \(8, 96, 64\) float32"):
-        MoEWeights.from_float(TINY, src.router_weight, src.router_bias, w13, src.w13_bias, w2.transpose(0, 2, 1), src.w2_bias)
+        MoEWeights.from_float(
+            TINY, src.router_weight, src.router_bias, w13, src.w13_bias, w2.transpose(0, 2, 1), src.w2_bias
+        )
 
 
 @pytest.mark.parametrize("interleaved", [True, False])

@@ -35,17 +35,26 @@ def _check(cond: bool, op: str, msg: str) -> None:
 # --------------------------------------------------------------------------------------------- route
 @torch.library.custom_op(f"{_LIB}::route", mutates_args=())
 def route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> tuple[Tensor, Tensor]:
-    """Pick ``top_k`` experts per token and their mixing weights (fp32, ids int32)."""
+    """Pick ``top_k`` experts per token and their mixing weights (fp32, ids int32).
+
+    Ties go to the lower expert index (a stable sort), the rule every compiled path follows too:
+    bf16 logits tie often enough that ``torch.topk``'s unspecified order would make results differ.
+    """
     lf = logits.float()
     if routing == "topk_softmax":
-        vals, ids = torch.topk(lf, top_k, dim=-1)
+        vals, ids = _top_k_stable(lf, top_k)
         weights = torch.softmax(vals, dim=-1)
     else:
         probs = torch.softmax(lf, dim=-1)
-        weights, ids = torch.topk(probs, top_k, dim=-1)
+        weights, ids = _top_k_stable(probs, top_k)
         if renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
+
+
+def _top_k_stable(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    vals, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+    return vals[:, :k], ids[:, :k]
 
 
 @route.register_fake

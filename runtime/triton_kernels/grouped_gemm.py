@@ -41,6 +41,16 @@ def _check_weights(w, s, bias, layout: WeightLayout, n: int, k: int, num_experts
         raise ValueError(f"{what}: bias must be [E, N] = {(num_experts, n)}, got {tuple(bias.shape)}")
 
 
+def _pipeline_stages(layout: WeightLayout, config: TileConfig) -> int:
+    """Software-pipelining depth for this layout.
+
+    Seen on H200 with Triton 3.6: with N-contiguous packed weights (``k_contiguous=False``) and
+    num_stages >= 2 the upcast path of ``tl.dot_scaled`` returned wrong sums once the K loop ran
+    more than one iteration (num_stages=1 was right, the K-contiguous layout right at any depth).
+    """
+    return config.num_stages if layout.k_contiguous else 1
+
+
 def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_scale: torch.Tensor,
                   w13_bias: torch.Tensor | None, *, top_k: int, layout: WeightLayout,
                   config: TileConfig, activation: str = "swiglu_oai", alpha: float = 1.702,
@@ -66,7 +76,7 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
              INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
              ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
     return launch, act
 
 
@@ -93,7 +103,7 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
 
 
 def plan_cast(src: torch.Tensor, dst: torch.Tensor) -> KernelLaunch:
