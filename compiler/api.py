@@ -11,8 +11,10 @@ import torch
 
 from mxmoe.compiler.context import new_context
 from mxmoe.compiler.importer import import_program
+from mxmoe.compiler.parameters import store_parameters, stored_forms
 from mxmoe.compiler.pipeline import run_for_target
 from mxmoe.compiler.targets import Target, get_target
+from mxmoe.layouts import StoredForm
 from mxmoe.runtime.signature import TensorSpec, check_inputs
 
 _TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
@@ -50,6 +52,8 @@ class CompiledModule:
     parameters: dict[str, np.ndarray]
     mlir: str
     timings: dict[str, float] = field(default_factory=dict)
+    #: per weight global: how the stored array was made from the logical one (padding, layout)
+    stored_forms: dict[str, StoredForm] = field(default_factory=dict)
     _executor: Any = None
 
     def executor(self):
@@ -108,6 +112,8 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
 
     t0 = time.perf_counter()
     run_for_target(imported.module, tgt)
+    forms = stored_forms(imported.module.operation)
+    parameters = store_parameters(forms, imported.parameters)
     mlir = str(imported.module)
     timings["passes_s"] = time.perf_counter() - t0
 
@@ -120,4 +126,4 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
         timings["iree_compile_s"] = time.perf_counter() - t0
     else:
         raise NotImplementedError(f"target {tgt.name}: the Triton backend is not built yet")
-    return CompiledModule(tgt, ins, outs, vmfb, imported.parameters, mlir, timings)
+    return CompiledModule(tgt, ins, outs, vmfb, parameters, mlir, timings, stored_forms=forms)

@@ -52,7 +52,10 @@ class OpView:
     def attr(self, name: str):
         if name not in self.op.attributes:
             self.fail(f"missing attribute '{name}'")
-        return py_attr(self.op.attributes[name])
+        try:
+            return py_attr(self.op.attributes[name])
+        except TypeError:
+            self.fail(f"attribute '{name}' must be a bool, integer, float or string, got {self.op.attributes[name]}")
 
     def operand_types(self) -> list[ir.RankedTensorType]:
         out = []
@@ -63,7 +66,12 @@ class OpView:
         return out
 
     def result_types(self) -> list[ir.RankedTensorType]:
-        return [ir.RankedTensorType(r.type) for r in self.op.results]
+        out = []
+        for i, r in enumerate(self.op.results):
+            if not isinstance(r.type, ir.RankedTensorType):
+                self.fail(f"result #{i} must be a ranked tensor, got {r.type}")
+            out.append(ir.RankedTensorType(r.type))
+        return out
 
     def fail(self, msg: str):
         raise VerifyError(f"{self.op.location}: '{self.name}' op {msg}")
@@ -79,6 +87,20 @@ def py_attr(a: ir.Attribute):
 def py_attr_symbol(a: ir.Attribute) -> str:
     """The name a FlatSymbolRefAttr (``@name``) refers to."""
     return ir.FlatSymbolRefAttr(a).value
+
+
+def global_of(module_op: ir.Operation, value: ir.Value) -> ir.Operation | None:
+    """The ``util.global`` whose ``util.global.load`` produced ``value``; None for any other value."""
+    owner = value.owner
+    owner = owner.operation if isinstance(owner, ir.OpView) else owner
+    if not isinstance(owner, ir.Operation) or owner.name != "util.global.load":
+        return None
+    name = py_attr_symbol(owner.attributes["global"])
+    for op in module_op.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "util.global" and py_attr(op.attributes["sym_name"]) == name:
+            return op
+    return None
 
 
 def make_attr(value) -> ir.Attribute:
@@ -121,9 +143,10 @@ def _verify_route(v: OpView) -> None:
         v.fail(f"top_k={k} must be in 1..{e} (a static number of experts)")
     if routing not in ROUTINGS:
         v.fail(f"routing must be one of {ROUTINGS}, got '{routing}'")
-    res = v.result_types()
-    if len(res) != 2 or shape(res[0])[1:] != [k] or shape(res[1])[1:] != [k]:
+    res = _n_results(v, 2)
+    if shape(res[0])[1:] != [k] or shape(res[1])[1:] != [k]:
         v.fail(f"results must be (T x {k} x f32, T x {k} x i32)")
+    _same_tokens(v, logits, *res)
     if not isinstance(res[0].element_type, ir.F32Type) or not _is_int(res[1].element_type, 32):
         v.fail("results must be f32 weights and i32 ids")
 
@@ -149,6 +172,7 @@ def _matmul_operands(v: OpView, extra: int = 0):
         v.fail(f"ids must be T x k x i32, got {ids}")
     if x.rank == 3 and not _same(shape(x)[1], shape(ids)[1]):
         v.fail(f"x {x} and ids {ids} disagree on k")
+    _same_tokens(v, x, ids)
     if bias is not None and (shape(bias) != [e, n] or not _is_float(bias.element_type)):
         v.fail(f"bias must be {e} x {n} float, got {bias}")
     return x, ids, w, ws, bias, ts[4 + int(has_bias):]
@@ -162,9 +186,10 @@ def _verify_glu_attrs(v: OpView) -> None:
 
 def _verify_grouped_matmul(v: OpView) -> None:
     x, ids, w, _, _, _ = _matmul_operands(v)
-    (r,) = v.result_types()
+    (r,) = _n_results(v, 1)
     if shape(r)[1:] != [shape(ids)[1], shape(w)[1]] or r.element_type != x.element_type:
         v.fail(f"result must be T x {shape(ids)[1]} x {shape(w)[1]} x {x.element_type}, got {r}")
+    _same_tokens(v, ids, r)
 
 
 def _verify_grouped_matmul_glu(v: OpView) -> None:
@@ -173,27 +198,31 @@ def _verify_grouped_matmul_glu(v: OpView) -> None:
     n = shape(w)[1]
     if n % 2:
         v.fail(f"N={n} must be even (gate and up)")
-    (r,) = v.result_types()
+    (r,) = _n_results(v, 1)
     if shape(r)[1:] != [shape(ids)[1], n // 2] or r.element_type != x.element_type:
         v.fail(f"result must be T x {shape(ids)[1]} x {n // 2} x {x.element_type}, got {r}")
+    _same_tokens(v, ids, r)
 
 
 def _verify_grouped_matmul_combine(v: OpView) -> None:
     x, ids, w, _, _, (weights,) = _matmul_operands(v, extra=1)
-    if shape(weights)[1:] != shape(ids)[1:] or not isinstance(weights.element_type, ir.F32Type):
+    if weights.rank != 2 or shape(weights)[1:] != shape(ids)[1:] or not isinstance(weights.element_type, ir.F32Type):
         v.fail(f"weights must be T x k x f32 like ids, got {weights}")
-    (r,) = v.result_types()
-    if shape(r)[1:] != [shape(w)[1]] or r.element_type != x.element_type:
+    (r,) = _n_results(v, 1)
+    if r.rank != 2 or shape(r)[1:] != [shape(w)[1]] or r.element_type != x.element_type:
         v.fail(f"result must be T x {shape(w)[1]} x {x.element_type}, got {r}")
+    _same_tokens(v, ids, weights, r)
 
 
 def _verify_glu(v: OpView) -> None:
     (h,) = _n_operands(v, 1)
     _verify_glu_attrs(v)
+    if h.rank == 0 or not _is_float(h.element_type):
+        v.fail(f"input must be a float tensor of rank >= 1, got {h}")
     last = shape(h)[-1]
     if last is None or last % 2:
         v.fail(f"last dim must be static and even (gate and up), got {h}")
-    (r,) = v.result_types()
+    (r,) = _n_results(v, 1)
     if shape(r)[:-1] != shape(h)[:-1] or shape(r)[-1] != last // 2 or r.element_type != h.element_type:
         v.fail(f"result must halve the last dim of {h}, got {r}")
 
@@ -202,9 +231,12 @@ def _verify_combine(v: OpView) -> None:
     y, weights = _n_operands(v, 2)
     if y.rank != 3 or weights.rank != 2 or not _same(shape(y)[1], shape(weights)[1]):
         v.fail(f"expects y T x k x H and weights T x k, got {y} and {weights}")
-    (r,) = v.result_types()
-    if shape(r)[1:] != shape(y)[2:] or r.element_type != y.element_type:
+    if not _is_float(y.element_type) or not isinstance(weights.element_type, ir.F32Type):
+        v.fail(f"expects float y and f32 weights, got {y} and {weights}")
+    (r,) = _n_results(v, 1)
+    if r.rank != 2 or shape(r)[1:] != shape(y)[2:] or r.element_type != y.element_type:
         v.fail(f"result must be T x {shape(y)[2]} x {y.element_type}, got {r}")
+    _same_tokens(v, y, weights, r)
 
 
 def _n_operands(v: OpView, n: int) -> list[ir.RankedTensorType]:
@@ -212,6 +244,21 @@ def _n_operands(v: OpView, n: int) -> list[ir.RankedTensorType]:
     if len(ts) != n:
         v.fail(f"expects {n} operands, got {len(ts)}")
     return ts
+
+
+def _n_results(v: OpView, n: int) -> list[ir.RankedTensorType]:
+    ts = v.result_types()
+    if len(ts) != n:
+        v.fail(f"expects {n} results, got {len(ts)}")
+    return ts
+
+
+def _same_tokens(v: OpView, *ts: ir.RankedTensorType) -> None:
+    """All of ``ts`` agree on the token count T (their leading dim), where it is static."""
+    dims = [shape(t)[0] for t in ts if t.rank]
+    static = {d for d in dims if d is not None}
+    if len(static) > 1:
+        v.fail(f"operands and results disagree on the token count: {', '.join(str(t) for t in ts)}")
 
 
 _GLU_ATTRS = {"activation": str, "alpha": float, "limit": float, "interleaved": bool}

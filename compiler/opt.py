@@ -1,25 +1,34 @@
 """mxmoe-opt: run mxmoe (and upstream) passes on textual MLIR and print the result.
 
     mxmoe-opt FILE.mlir --passes=mxmoe-verify,mxmoe-fuse,canonicalize
+    mxmoe-opt FILE.mlir --split-input-file --passes=mxmoe-verify
     mxmoe-opt --list-passes
 
-A pass that rejects its input prints ``FILE:LINE:COL: error: ...`` on stderr and exits 1.
+Diagnostics (a parse error, or a pass that rejects its input) go to stderr as
+``FILE:LINE:COL: error: ...`` and the exit status is 1. With ``--split-input-file`` the input is cut at
+lines ``// -----`` into chunks that are parsed and run one by one (line numbers stay those of FILE); the
+printed modules are separated by ``// -----`` and the exit status is 1 if any chunk failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from mxmoe.compiler.context import new_context
 from mxmoe.compiler.dialect import VerifyError
-from mxmoe.compiler.passes import DESCRIPTIONS, run_passes
+from mxmoe.compiler.passes import DESCRIPTIONS, REGISTRY, parse_pipeline, run_passes
+
+SPLIT_MARKER = "// -----"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mxmoe-opt", description="Run mxmoe passes on textual MLIR.")
     p.add_argument("file", nargs="?", help="input .mlir file ('-' for stdin)")
     p.add_argument("--passes", default="", help="comma-separated pass names; NAME{option} passes an option")
+    p.add_argument("--split-input-file", action="store_true",
+                   help=f"run each chunk between '{SPLIT_MARKER}' lines on its own")
     p.add_argument("--list-passes", action="store_true", help="list mxmoe passes and exit")
     args = p.parse_args(argv)
     if args.list_passes:
@@ -28,35 +37,113 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.file:
         p.error("an input file is required")
+    bad = _unknown_passes(args.passes)
+    if bad:
+        print(f"mxmoe-opt: error: unknown pass '{bad}' (mxmoe passes: {', '.join(REGISTRY)}; "
+              "or an upstream MLIR pass)", file=sys.stderr)
+        return 1
     try:
         text = sys.stdin.read() if args.file == "-" else open(args.file).read()
     except OSError as e:
         print(f"mxmoe-opt: error: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 1
-    ctx = new_context()
+    chunks = _split(text) if args.split_input_file else [text]
+    failed = False
+    outputs = []
+    for chunk in chunks:
+        out = _run_one(chunk, args.file, args.passes)
+        if out is None:
+            failed = True
+        else:
+            outputs.append(out)
+    try:
+        if outputs:
+            print(f"\n{SPLIT_MARKER}\n".join(outputs))
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `mxmoe-opt ... | head`
+        pass
+    return 1 if failed else 0
+
+
+def _split(text: str) -> list[str]:
+    """Cut at ``// -----`` lines; each chunk is padded with blank lines so its line numbers stay the file's."""
+    chunks, current, start = [], [], 0
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == SPLIT_MARKER:
+            chunks.append("\n" * start + "\n".join(current))
+            current, start = [], i + 1
+        else:
+            current.append(line)
+    chunks.append("\n" * start + "\n".join(current))
+    return chunks
+
+
+def _run_one(text: str, file: str, passes: str) -> str | None:
+    """Parse ``text`` and run ``passes``; the printed module, or None after printing the diagnostics."""
     from iree.compiler import ir
 
+    ctx = new_context()
     with ctx, ir.Location.unknown():
         try:
-            module = ir.Module.parse(text, )
-        except Exception as e:  # MLIR's parse diagnostics
-            print(f"mxmoe-opt: error: {args.file} does not parse: {e}", file=sys.stderr)
-            return 1
+            module = ir.Module.parse(text)
+        except ir.MLIRError as e:
+            for d in e.error_diagnostics:
+                _print_diagnostic(d, file)
+            if not e.error_diagnostics:
+                print(f"{file}: error: does not parse: {e.message}", file=sys.stderr)
+            return None
         try:
-            run_passes(module, args.passes)
+            run_passes(module, passes)
         except VerifyError as e:
-            print(f"{_locate(str(e), args.file)}", file=sys.stderr)
-            return 1
-        print(module)
-    return 0
+            print(_locate(str(e), file), file=sys.stderr)
+            return None
+        return str(module)
+
+
+def _unknown_passes(spec: str) -> str | None:
+    """The first name in ``spec`` that is neither an mxmoe pass nor one MLIR's PassManager knows."""
+    from iree.compiler import ir, passmanager
+
+    for name, opt in parse_pipeline(spec):
+        if name in REGISTRY:
+            continue
+        with new_context():
+            try:
+                passmanager.PassManager("builtin.module").add(name if opt is None else f"{name}{{{opt}}}")
+            except (ValueError, ir.MLIRError):
+                return name
+    return None
+
+
+_LOC = re.compile(r'^loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)')
+
+
+def _file_loc(loc: str, file: str) -> str | None:
+    """``loc("-":3:5)`` -> ``FILE:3:5`` (input parsed from a string is named "-"); None if not a file location."""
+    m = _LOC.match(loc)
+    if not m:
+        return None
+    name = file if m["file"] in ("-", "") else m["file"]
+    return f"{name}:{m['line']}:{m['col']}"
+
+
+def _print_diagnostic(d, file: str) -> None:
+    where = _file_loc(str(d.location), file) or file
+    print(f"{where}: error: {d.message}", file=sys.stderr)
+    for n in d.notes:
+        print(f"{_file_loc(str(n.location), file) or file}: note: {n.message}", file=sys.stderr)
 
 
 def _locate(msg: str, file: str) -> str:
-    """'loc("f":3:5): ...' -> 'f:3:5: error: ...' (the form lit/FileCheck tests match)."""
-    if msg.startswith("loc("):
+    """'loc("-":3:5): ...' -> 'FILE:3:5: error: ...' (the form lit/FileCheck tests match)."""
+    m = _LOC.match(msg)
+    if m:
+        rest = msg[m.end():].removeprefix(":").strip()
+        return f"{_file_loc(m.group(0), file)}: error: {rest}"
+    if msg.startswith("loc("):  # a location that is not file:line:col (unknown, fused, name)
         loc, _, rest = msg.partition("): ")
-        loc = loc[4:].replace('"', "")
-        return f"{loc}: error: {rest}"
+        return f"{file}: error: {rest} ({loc})" if rest else f"{file}: error: {msg}"
     return f"{file}: error: {msg}"
 
 

@@ -18,14 +18,16 @@ PARAMETER_SCOPE = "model"
 class IreeExecutor:
     """One loaded module on one IREE device; calls are serialised, so sharing it across threads is safe."""
 
-    def __init__(self, vmfb: bytes, parameters: str | os.PathLike | Mapping[str, np.ndarray],
+    def __init__(self, vmfb: bytes, parameters,  # .irpa path, name -> array mapping, or iree ParameterIndex
                  driver: str = "local-task", function: str = "main"):
         import iree.runtime as rt
 
         self._rt = rt
         self._config = rt.Config(driver)
         index = rt.ParameterIndex()
-        if isinstance(parameters, Mapping):
+        if isinstance(parameters, rt.ParameterIndex):
+            index = parameters  # e.g. an archive section of an mxmoe artifact, memory-mapped by the caller
+        elif isinstance(parameters, Mapping):
             self._keepalive = {k: np.ascontiguousarray(v) for k, v in parameters.items()}
             for name, arr in self._keepalive.items():
                 index.add_buffer(name, arr.reshape(-1).view(np.uint8) if arr.size else arr.tobytes())

@@ -40,6 +40,7 @@ def route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> tuple[
     Ties go to the lower expert index (a stable sort), the rule every compiled path follows too:
     bf16 logits tie often enough that ``torch.topk``'s unspecified order would make results differ.
     """
+    check_route(logits, top_k, routing, renormalize)
     lf = logits.float()
     if routing == "topk_softmax":
         vals, ids = _top_k_stable(lf, top_k)
@@ -59,6 +60,7 @@ def _top_k_stable(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 @route.register_fake
 def _(logits, top_k, routing, renormalize):
+    check_route(logits, top_k, routing, renormalize)
     t = logits.shape[0]
     return logits.new_empty((t, top_k), dtype=torch.float32), logits.new_empty((t, top_k), dtype=torch.int32)
 
@@ -78,8 +80,11 @@ def mxfp4_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bia
     Only experts that some token selected are dequantized, so the reference costs
     O(tokens x top_k) expert reads, like the compiled paths.
     """
+    check_grouped_matmul(x, ids, w, w_scale, bias)
     t, k = ids.shape
     n = w.shape[1]
+    _check(ids.numel() == 0 or (0 <= int(ids.min()) and int(ids.max()) < w.shape[0]), "mxfp4_grouped_matmul",
+           f"expert ids must be in 0..{w.shape[0] - 1}, got {int(ids.min())}..{int(ids.max())}")
     xs = x.float() if x.dim() == 3 else x.float().unsqueeze(1).expand(t, k, x.shape[-1])
     out = torch.zeros((t, k, n), dtype=torch.float32, device=x.device)
     ids_l = ids.long()
@@ -95,6 +100,7 @@ def mxfp4_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bia
 
 @mxfp4_grouped_matmul.register_fake
 def _(x, ids, w, w_scale, bias):
+    check_grouped_matmul(x, ids, w, w_scale, bias)
     return x.new_empty((ids.shape[0], ids.shape[1], w.shape[1]))
 
 
@@ -122,6 +128,7 @@ def check_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bia
 @torch.library.custom_op(f"{_LIB}::glu", mutates_args=())
 def glu(h: Tensor, activation: str, alpha: float, limit: float, interleaved: bool) -> Tensor:
     """Gated activation of a fused gate/up projection, computed in fp32."""
+    check_glu(h, activation)
     hf = h.float()
     if interleaved:
         gate, up = hf[..., 0::2], hf[..., 1::2]
@@ -138,6 +145,7 @@ def glu(h: Tensor, activation: str, alpha: float, limit: float, interleaved: boo
 
 @glu.register_fake
 def _(h, activation, alpha, limit, interleaved):
+    check_glu(h, activation)
     return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
 
 
@@ -150,12 +158,20 @@ def check_glu(h: Tensor, activation: str) -> None:
 @torch.library.custom_op(f"{_LIB}::combine", mutates_args=())
 def combine(y: Tensor, weights: Tensor) -> Tensor:
     """Weighted sum of the k expert outputs of each token."""
+    check_combine(y, weights)
     return (y.float() * weights.float().unsqueeze(-1)).sum(dim=1).to(y.dtype)
 
 
 @combine.register_fake
 def _(y, weights):
+    check_combine(y, weights)
     return y.new_empty((y.shape[0], y.shape[2]))
+
+
+def check_combine(y: Tensor, weights: Tensor) -> None:
+    _check(y.dim() == 3, "combine", f"y must be [T, k, N], got shape {tuple(y.shape)}")
+    _check(weights.dim() == 2 and tuple(weights.shape) == tuple(y.shape[:2]), "combine",
+           f"weights must be [T, k] = {tuple(y.shape[:2])}, got {tuple(weights.shape)}")
 
 
 OPS = {

@@ -1,9 +1,10 @@
 """mxmoe-assign-layout: record on every grouped matmul the weight layout its target's lowering reads.
 
 Matches ``mxmoe.grouped_matmul*`` ops and sets ``mxmoe.layout`` (a string naming a layout in
-``mxmoe.runtime.layouts``) from the target. The artifact writer transforms the weights with that
-layout at compile time and stores its name in the manifest, so the runtime never guesses. An op
-that already carries a different layout than the target wants is rejected.
+``mxmoe.layouts``) from the target, on the op and on the ``util.global`` of each of its weights, with
+``mxmoe.weight_role`` ("values", "scales", "bias") on the global. The compiler transforms the stored
+weights with that layout at compile time and the artifact's manifest records it, so the runtime never
+guesses. An op or a weight global that already carries a different layout is rejected.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from mxmoe.compiler.dialect import OpView
 
 NAME = "mxmoe-assign-layout"
 ATTR = "mxmoe.layout"
+ROLE = "mxmoe.weight_role"
+#: operand index -> role of the weight it carries, for every grouped matmul form (bias only with has_bias)
+ROLES = {2: "values", 3: "scales", 4: "bias"}
 
 
 def make(layout: str):
@@ -27,5 +31,16 @@ def make(layout: str):
                 if have != layout:
                     OpView(op).fail(f"already has weight layout '{have}', but the target needs '{layout}'")
             op.attributes[ATTR] = ir.StringAttr.get(layout)
+            for index, role in ROLES.items():
+                if role == "bias" and not dialect.py_attr(op.attributes["has_bias"]):
+                    continue
+                gop = dialect.global_of(module_op, op.operands[index])
+                if gop is None:
+                    continue
+                if ATTR in gop.attributes and dialect.py_attr(gop.attributes[ATTR]) != layout:
+                    OpView(op).fail(f"weight global {dialect.py_attr(gop.attributes['sym_name'])} is already stored "
+                                    f"in layout '{dialect.py_attr(gop.attributes[ATTR])}', but this op needs '{layout}'")
+                gop.attributes[ATTR] = ir.StringAttr.get(layout)
+                gop.attributes[ROLE] = ir.StringAttr.get(role)
 
     return run

@@ -3,7 +3,8 @@
 Matches the custom-op calls torch.export left in the graph (one per ``mxmoe::`` op), reads their
 scalar arguments from the ``torch.constant.*`` ops that feed them into attributes, and bridges
 tensor operands and results with ``torch_c.to_builtin_tensor`` / ``torch_c.from_builtin_tensor``.
-A weight that came from a global through ``from_builtin_tensor`` is used directly. Every other
+A weight that came from a global through ``from_builtin_tensor`` is used directly (the bridge,
+once unused, is erased). Every other
 torch op is left alone for IREE's torch input pipeline. A custom-op call whose scalar arguments are
 not constants is rejected with a diagnostic naming the argument.
 """
@@ -103,3 +104,18 @@ def run(module_op: ir.Operation) -> None:
     module_op.walk(visit)
     for op in found:
         convert_op(op)
+    _erase_dead_bridges(module_op)
+
+
+def _erase_dead_bridges(module_op: ir.Operation) -> None:
+    """Drop ``from_builtin_tensor`` ops left unused once mxmoe ops read a global's value directly."""
+    dead = []
+
+    def visit(op):
+        if op.name == "torch_c.from_builtin_tensor" and not list(op.results[0].uses):
+            dead.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module_op.walk(visit)
+    for op in dead:
+        op.erase()

@@ -32,22 +32,6 @@ def _up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _owner(v: ir.Value) -> ir.Operation | None:
-    o = v.owner
-    if isinstance(o, ir.OpView):
-        o = o.operation
-    return o if isinstance(o, ir.Operation) else None
-
-
-def _globals(module_op: ir.Operation) -> dict[str, ir.Operation]:
-    out = {}
-    for op in module_op.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "util.global":
-            out[dialect.py_attr(op.attributes["sym_name"])] = op
-    return out
-
-
 def _retype_global(module_op, gop: ir.Operation, new_shape: list[int], pad_value: int, halves: bool) -> None:
     old_t = ir.RankedTensorType(ir.TypeAttr(gop.attributes["type"]).value)
     old_shape = shape(old_t)
@@ -73,6 +57,12 @@ def _retype_global(module_op, gop: ir.Operation, new_shape: list[int], pad_value
 
     module_op.walk(visit)
     for load in loads:
+        for use in load.results[0].uses:
+            user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+            if not user.name.startswith("mxmoe."):
+                raise dialect.VerifyError(f"{user.location}: weight global @{name} needs padding but is also read by "
+                                          f"'{user.name}', which would see the padded shape")
+    for load in loads:
         with ir.InsertionPoint(load), load.location:
             nl = ir.Operation.create("util.global.load", results=[new_t], attributes={"global": load.attributes["global"]})
         load.results[0].replace_all_uses_with(nl.results[0])
@@ -80,11 +70,10 @@ def _retype_global(module_op, gop: ir.Operation, new_shape: list[int], pad_value
 
 
 def _pad_weight(module_op, v: OpView, value: ir.Value, new_shape: list[int], pad_value: int, halves: bool = False):
-    load = _owner(value)
-    if load is None or load.name != "util.global.load":
+    gop = dialect.global_of(module_op, value)
+    if gop is None:
         v.fail("needs padding, but its weights are not util.global values (padding them per call would copy them every run)")
-    gname = dialect.py_attr_symbol(load.attributes["global"])
-    _retype_global(module_op, _globals(module_op)[gname], new_shape, pad_value, halves)
+    _retype_global(module_op, gop, new_shape, pad_value, halves)
 
 
 def _pad_activation(x: ir.Value, kk2: int) -> ir.Value:
@@ -142,44 +131,48 @@ def make(option: str):
 
     def run(module_op: ir.Operation) -> None:
         for op in dialect.walk_mxmoe(module_op):
-            if not op.name.startswith("mxmoe.grouped_matmul"):
-                continue
-            v = OpView(op)
-            dialect.verify_op(op)
-            ts = v.operand_types()
-            has_bias = v.attr("has_bias")
-            e, n, kh = shape(ts[2])
-            kk = 2 * kh
-            glu = op.name == "mxmoe.grouped_matmul_glu"
-            kk2 = _up(kk, multiple)
-            n2 = 2 * _up(n // 2, multiple) if glu else _up(n, multiple)
-            if (kk2, n2) == (kk, n):
-                continue
-            halves = glu and not v.attr("interleaved")
-            _pad_weight(module_op, v, op.operands[2], [e, n2, kk2 // 2], 0, halves)
-            _pad_weight(module_op, v, op.operands[3], [e, n2, kk2 // 32], 127, halves)
-            if has_bias:
-                _pad_weight(module_op, v, op.operands[4], [e, n2], 0, halves)
-            with ir.InsertionPoint(op), op.location:
-                op.operands[0] = _pad_activation(op.operands[0], kk2)
-            old_t = ir.RankedTensorType(op.results[0].type)
-            logical = shape(old_t)
-            padded = list(logical)
-            padded[-1] = n2 // 2 if glu else n2
-            if padded == logical:
-                dialect.verify_op(op)
-                continue
-            new_t = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if d is None else d for d in padded],
-                                            old_t.element_type)
-            # Re-create the op with the padded result type, then slice back for the old users.
-            with ir.InsertionPoint(op), op.location:
-                new_op = ir.Operation.create(op.name, results=[new_t], operands=list(op.operands),
-                                             attributes={n_: op.attributes[n_] for n_ in op.attributes})
-            with ir.InsertionPoint(op), op.location:
-                text, out_t = _slice_text(new_t, logical)
-                sliced = _parse_into(text, {"%x": new_op.results[0]}, out_t)
-            op.results[0].replace_all_uses_with(sliced)
-            op.erase()
-            dialect.verify_op(new_op)
+            if op.name.startswith("mxmoe.grouped_matmul"):
+                with op.location:
+                    _pad_op(module_op, op, multiple)
 
     return run
+
+
+def _pad_op(module_op: ir.Operation, op: ir.Operation, multiple: int) -> None:
+    v = OpView(op)
+    dialect.verify_op(op)
+    ts = v.operand_types()
+    has_bias = v.attr("has_bias")
+    e, n, kh = shape(ts[2])
+    kk = 2 * kh
+    glu = op.name == "mxmoe.grouped_matmul_glu"
+    kk2 = _up(kk, multiple)
+    n2 = 2 * _up(n // 2, multiple) if glu else _up(n, multiple)
+    if (kk2, n2) == (kk, n):
+        return
+    halves = glu and not v.attr("interleaved")
+    _pad_weight(module_op, v, op.operands[2], [e, n2, kk2 // 2], 0, halves)
+    _pad_weight(module_op, v, op.operands[3], [e, n2, kk2 // 32], 127, halves)
+    if has_bias:
+        _pad_weight(module_op, v, op.operands[4], [e, n2], 0, halves)
+    with ir.InsertionPoint(op), op.location:
+        op.operands[0] = _pad_activation(op.operands[0], kk2)
+    old_t = ir.RankedTensorType(op.results[0].type)
+    logical = shape(old_t)
+    padded = list(logical)
+    padded[-1] = n2 // 2 if glu else n2
+    if padded == logical:
+        dialect.verify_op(op)
+        return
+    new_t = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if d is None else d for d in padded],
+                                    old_t.element_type)
+    # Re-create the op with the padded result type, then slice back for the old users.
+    with ir.InsertionPoint(op), op.location:
+        new_op = ir.Operation.create(op.name, results=[new_t], operands=list(op.operands),
+                                     attributes={n_: op.attributes[n_] for n_ in op.attributes})
+    with ir.InsertionPoint(op), op.location:
+        text, out_t = _slice_text(new_t, logical)
+        sliced = _parse_into(text, {"%x": new_op.results[0]}, out_t)
+    op.results[0].replace_all_uses_with(sliced)
+    op.erase()
+    dialect.verify_op(new_op)

@@ -1,0 +1,83 @@
+"""How a weight array is stored for a target: padding plus a named layout. numpy only (no torch, no MLIR).
+
+The compiler's passes decide each weight global's stored form and record it as attributes; the
+compiler turns those into a :class:`StoredForm` per parameter, applies it when it writes the weights,
+and the artifact keeps the forms in its manifest, so the runtime can apply the very same transform to
+raw checkpoint weights at deploy time without the compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+#: The convention's layout: values [E, N, K/2] (two e2m1 per byte, low nibble first), scales [E, N, K/32].
+ROW_MAJOR = "mxfp4-rowmajor"
+
+#: layout name -> role ("values" | "scales" | "bias") -> transform of the (padded) row-major array.
+_TRANSFORMS: dict[str, Callable[[str, np.ndarray], np.ndarray]] = {ROW_MAJOR: lambda role, a: a}
+
+
+def register_layout(name: str, transform: Callable[[str, np.ndarray], np.ndarray]) -> None:
+    """Make ``name`` a known layout: ``transform(role, row_major_array)`` gives its stored array."""
+    _TRANSFORMS[name] = transform
+
+
+def known_layouts() -> list[str]:
+    return sorted(_TRANSFORMS)
+
+
+@dataclass(frozen=True)
+class StoredForm:
+    """What turns a logical weight array into the array a compiled module reads."""
+
+    shape: tuple[int, ...]                # logical shape (before padding)
+    padded_shape: tuple[int, ...]         # shape after padding (== shape when unpadded)
+    pad_value: int = 0                    # fill for padded elements (as the stored integer/float value)
+    pad_halves: bool = False              # axis 1 holds two halves (gate | up): pad each half
+    layout: str | None = None             # named layout applied after padding; None = as is
+    role: str | None = None               # "values", "scales" or "bias" for weights with a layout
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StoredForm":
+        d = dict(d)
+        d["shape"], d["padded_shape"] = tuple(d["shape"]), tuple(d["padded_shape"])
+        return cls(**d)
+
+    def apply(self, name: str, array: np.ndarray) -> np.ndarray:
+        """The stored array for ``array`` (raises ValueError naming ``name`` on a shape mismatch)."""
+        if tuple(array.shape) != tuple(self.shape):
+            raise ValueError(f"weight '{name}': expected shape {list(self.shape)}, got {list(array.shape)}")
+        out = pad_array(array, self.padded_shape, self.pad_value, self.pad_halves)
+        if self.layout is not None:
+            if self.layout not in _TRANSFORMS:
+                raise ValueError(f"weight '{name}': unknown layout '{self.layout}' (known: {', '.join(known_layouts())})")
+            out = _TRANSFORMS[self.layout](self.role or "", out)
+        return np.ascontiguousarray(out)
+
+
+def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False) -> np.ndarray:
+    """Pad ``a`` at the end of each axis up to ``shape`` with ``fill``.
+
+    With ``halves`` the second axis is two equal halves (a concatenated gate|up projection), and each
+    half is padded on its own so that gate row i and up row i stay paired.
+    """
+    shape = tuple(int(s) for s in shape)
+    if tuple(a.shape) == shape:
+        return a
+    if len(shape) != a.ndim or any(s < d for s, d in zip(shape, a.shape)):
+        raise ValueError(f"cannot pad shape {list(a.shape)} to {list(shape)}")
+    if halves:
+        if a.shape[1] % 2 or shape[1] % 2:
+            raise ValueError(f"pad_halves needs an even axis 1, got {a.shape[1]} -> {shape[1]}")
+        h = a.shape[1] // 2
+        half_shape = (shape[0], shape[1] // 2) + shape[2:]
+        return np.concatenate([pad_array(a[:, :h], half_shape, fill), pad_array(a[:, h:], half_shape, fill)], axis=1)
+    out = np.full(shape, fill, dtype=a.dtype)
+    out[tuple(slice(0, d) for d in a.shape)] = a
+    return out
