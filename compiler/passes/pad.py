@@ -11,7 +11,8 @@ Matches ``mxmoe.grouped_matmul*`` ops whose K (= 2 x packed bytes) or N is not a
   to the logical N, so the op's users see the original types.
 
 Padding never changes results: padded K columns multiply zero weights, padded rows produce zeros that
-are sliced away (and GLU(0, 0) = 0 for both activations). Weights that are not globals are rejected
+are sliced away (and GLU(0, 0) = 0 for both activations, so a padded GLU result feeds the next matmul
+unsliced). Weights that are not globals are rejected
 (padding them per call would cost a copy each run).
 """
 
@@ -81,6 +82,9 @@ def _pad_activation(x: ir.Value, kk2: int) -> ir.Value:
     dims = shape(xt)
     if dims[-1] == kk2:
         return x
+    unsliced = _padded_glu_result(x, kk2)
+    if unsliced is not None:
+        return unsliced
     high = [0] * (len(dims) - 1) + [kk2 - dims[-1]]
     new_t = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if d is None else d for d in dims[:-1]] + [kk2],
                                     xt.element_type)
@@ -89,6 +93,23 @@ def _pad_activation(x: ir.Value, kk2: int) -> ir.Value:
             + "^bb0(" + ", ".join(f"%i{i}: index" for i in range(len(dims))) + f"):\n  %z = arith.constant 0.0 : {el}\n"
             + f"  tensor.yield %z : {el}\n}} : {xt} to {new_t}")
     return _parse_into(text, {"%x": x}, new_t)
+
+
+def _padded_glu_result(x: ir.Value, kk2: int) -> ir.Value | None:
+    """The padded GLU matmul result ``x`` was sliced from, when it is exactly ``kk2`` wide.
+
+    Its padded columns are zero (zero weights and bias give GLU(0, 0) = 0), so the next matmul can read
+    it directly instead of padding the slice again.
+    """
+    sl = x.owner.operation if isinstance(x.owner, ir.OpView) else x.owner
+    if not isinstance(sl, ir.Operation) or sl.name != "tensor.extract_slice":
+        return None
+    src = sl.operands[0]
+    producer = src.owner.operation if isinstance(src.owner, ir.OpView) else src.owner
+    if not isinstance(producer, ir.Operation) or producer.name != "mxmoe.grouped_matmul_glu":
+        return None
+    src_dims, x_dims = shape(ir.RankedTensorType(src.type)), shape(ir.RankedTensorType(x.type))
+    return src if src_dims[-1] == kk2 and src_dims[:-1] == x_dims[:-1] else None
 
 
 def _parse_into(text: str, bindings: dict[str, ir.Value], result_type: ir.Type) -> ir.Value:
