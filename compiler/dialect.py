@@ -139,8 +139,10 @@ def _verify_route(v: OpView) -> None:
     k, routing = v.attr("top_k"), v.attr("routing")
     v.attr("renormalize")
     e = shape(logits)[1]
-    if e is None or not 0 < k <= e:
-        v.fail(f"top_k={k} must be in 1..{e} (a static number of experts)")
+    if e is None:
+        v.fail(f"logits must have a static number of experts, got {logits}")
+    if not 0 < k <= e:
+        v.fail(f"top_k={k} must be in 1..{e} (the number of experts)")
     if routing not in ROUTINGS:
         v.fail(f"routing must be one of {ROUTINGS}, got '{routing}'")
     res = _n_results(v, 2)

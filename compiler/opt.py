@@ -18,7 +18,7 @@ import sys
 
 from mxmoe.compiler.context import new_context
 from mxmoe.compiler.dialect import VerifyError
-from mxmoe.compiler.passes import DESCRIPTIONS, REGISTRY, parse_pipeline, run_passes
+from mxmoe.compiler.passes import DESCRIPTIONS, check_pipeline, run_passes
 
 SPLIT_MARKER = "// -----"
 
@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.file:
         p.error("an input file is required")
-    bad = _unknown_passes(args.passes)
-    if bad:
-        print(f"mxmoe-opt: error: unknown pass '{bad}' (mxmoe passes: {', '.join(REGISTRY)}; "
-              "or an upstream MLIR pass)", file=sys.stderr)
+    try:
+        check_pipeline(args.passes)
+    except VerifyError as e:
+        print(f"mxmoe-opt: error: {e}", file=sys.stderr)
         return 1
     try:
         text = sys.stdin.read() if args.file == "-" else open(args.file).read()
@@ -99,21 +99,6 @@ def _run_one(text: str, file: str, passes: str) -> str | None:
             print(_locate(str(e), file), file=sys.stderr)
             return None
         return str(module)
-
-
-def _unknown_passes(spec: str) -> str | None:
-    """The first name in ``spec`` that is neither an mxmoe pass nor one MLIR's PassManager knows."""
-    from iree.compiler import ir, passmanager
-
-    for name, opt in parse_pipeline(spec):
-        if name in REGISTRY:
-            continue
-        with new_context():
-            try:
-                passmanager.PassManager("builtin.module").add(name if opt is None else f"{name}{{{opt}}}")
-            except (ValueError, ir.MLIRError):
-                return name
-    return None
 
 
 _LOC = re.compile(r'^loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)')

@@ -26,6 +26,7 @@ def make(layout: str):
         for op in dialect.walk_mxmoe(module_op):
             if not op.name.startswith("mxmoe.grouped_matmul"):
                 continue
+            dialect.verify_op(op)  # a malformed op gets its diagnostic, not a KeyError/IndexError below
             if ATTR in op.attributes:
                 have = dialect.py_attr(op.attributes[ATTR])
                 if have != layout:

@@ -42,14 +42,15 @@ def builtin_type(t: ir.Type) -> ir.Type:
 
 
 def _constant(v: ir.Value):
+    """The Python value of a ``torch.constant.{int,float,str,bool}``; ValueError naming what it is otherwise."""
     op = v.owner
+    if isinstance(op, ir.OpView):
+        op = op.operation
     if not isinstance(op, ir.Operation):
-        op = getattr(op, "operation", op)
-    if op.name == "torch.constant.none":
-        return None
+        raise ValueError("got a block argument")
     if op.name in ("torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool"):
         return dialect.py_attr(op.attributes["value"])
-    raise VerifyError(f"{op.location}: expected a torch constant, got '{op.name}'")
+    raise ValueError(f"got the result of '{op.name}'")
 
 
 def _to_builtin(v: ir.Value) -> ir.Value:
@@ -64,25 +65,45 @@ def _to_builtin(v: ir.Value) -> ir.Value:
 def convert_op(op: ir.Operation) -> None:
     callee = dialect.py_attr(op.attributes["name"])
     name, roles = _SIGNATURES[callee]
+
+    def fail(msg: str):
+        raise VerifyError(f"{op.location}: {callee}: {msg}")
+
     if len(op.operands) != len(roles):
-        raise VerifyError(f"{op.location}: {callee} expects {len(roles)} arguments, got {len(op.operands)}")
+        fail(f"expects {len(roles)} arguments, got {len(op.operands)}")
+    # Check every argument before creating anything: bad arguments are reported before the IR is touched.
+    attrs = {}
+    for i, (role, v) in enumerate(zip(roles, op.operands)):
+        if role in ("T", "T?"):
+            if str(v.type) == "!torch.none" and role == "T":
+                fail(f"argument #{i} must be a tensor, got None")
+            if str(v.type) != "!torch.none" and not _VTENSOR.fullmatch(str(v.type)):
+                fail(f"argument #{i} must be a value tensor with known sizes and dtype, got {v.type}")
+            continue
+        try:
+            attrs[role] = _constant(v)
+        except ValueError as e:
+            fail(f"argument '{role}' must be a compile-time constant, {e}")
+    if name == "mxmoe.glu":
+        for role in ("alpha", "limit"):
+            if isinstance(attrs[role], bool) or not isinstance(attrs[role], (int, float)):
+                fail(f"argument '{role}' must be a number, got {attrs[role]!r}")
+            attrs[role] = float(attrs[role])
+    try:
+        result_types = [builtin_type(r.type) for r in op.results]
+        for v in op.operands:
+            if _VTENSOR.fullmatch(str(v.type)):
+                builtin_type(v.type)
+    except VerifyError as e:
+        fail(str(e))
     with ir.InsertionPoint(op), op.location:
-        operands, attrs = [], {}
+        operands = []
         for role, v in zip(roles, op.operands):
-            if role in ("T", "T?"):
-                if role == "T?" and str(v.type) == "!torch.none":
-                    continue
+            if role in ("T", "T?") and str(v.type) != "!torch.none":
                 operands.append(_to_builtin(v))
-            else:
-                try:
-                    attrs[role] = _constant(v)
-                except VerifyError as e:
-                    raise VerifyError(f"{e} for argument '{role}' of {callee} (scalars must be compile-time constants)")
         if name == "mxmoe.grouped_matmul":
             attrs["has_bias"] = len(operands) == 5
-        if name == "mxmoe.glu":
-            attrs["alpha"], attrs["limit"] = float(attrs["alpha"]), float(attrs["limit"])
-        new = dialect.create(name, operands, [builtin_type(r.type) for r in op.results], attrs, loc=op.location)
+        new = dialect.create(name, operands, result_types, attrs, loc=op.location)
         for old, res in zip(op.results, new.results):
             back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[res]).result
             old.replace_all_uses_with(back)
@@ -96,12 +117,15 @@ def run(module_op: ir.Operation) -> None:
         if op.name == "torch.operator":
             callee = dialect.py_attr(op.attributes["name"])
             if callee.startswith("torch.mxmoe."):
-                if callee not in _SIGNATURES:
-                    raise VerifyError(f"{op.location}: unknown mxmoe custom op '{callee}'")
                 found.append(op)
         return ir.WalkResult.ADVANCE
 
+    # Raise only after the walk: an exception inside a walk callback reaches the caller as a RuntimeError.
     module_op.walk(visit)
+    for op in found:
+        callee = dialect.py_attr(op.attributes["name"])
+        if callee not in _SIGNATURES:
+            raise VerifyError(f"{op.location}: unknown mxmoe custom op '{callee}' (known: {', '.join(_SIGNATURES)})")
     for op in found:
         convert_op(op)
     _erase_dead_bridges(module_op)

@@ -31,9 +31,10 @@ def _attrs(op: ir.Operation) -> dict:
 
 
 def run(module_op: ir.Operation) -> None:
-    for op in dialect.walk_mxmoe(module_op):
-        if op.name != "mxmoe.grouped_matmul":
-            continue
+    # Collect the matmuls up front: a fusion erases the matmul and its user, and a handle to an erased
+    # op must never be touched again (the bindings do not invalidate other handles to it).
+    matmuls = [op for op in dialect.walk_mxmoe(module_op) if op.name == "mxmoe.grouped_matmul"]
+    for op in matmuls:
         user = _only_user(op.results[0])
         if user is None:
             continue

@@ -40,15 +40,6 @@ def _retype_global(module_op, gop: ir.Operation, new_shape: list[int], pad_value
         return
     new_t = ir.RankedTensorType.get(new_shape, old_t.element_type)
     name = dialect.py_attr(gop.attributes["sym_name"])
-    text = str(gop).replace(str(old_t), str(new_t))
-    new = ir.Operation.parse(text)
-    ir.InsertionPoint(gop).insert(new)
-    new.attributes[PADDED_FROM] = ir.DenseI64ArrayAttr.get(old_shape)
-    new.attributes[PAD_VALUE] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), pad_value)
-    if halves:
-        new.attributes[PAD_HALVES] = ir.BoolAttr.get(True)
-    gop.erase()
-
     loads = []
 
     def visit(op):
@@ -57,12 +48,20 @@ def _retype_global(module_op, gop: ir.Operation, new_shape: list[int], pad_value
         return ir.WalkResult.ADVANCE
 
     module_op.walk(visit)
-    for load in loads:
+    for load in loads:  # check every reader before changing anything
         for use in load.results[0].uses:
             user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
             if not user.name.startswith("mxmoe."):
                 raise dialect.VerifyError(f"{user.location}: weight global @{name} needs padding but is also read by "
                                           f"'{user.name}', which would see the padded shape")
+
+    new = ir.Operation.parse(str(gop).replace(str(old_t), str(new_t)))
+    ir.InsertionPoint(gop).insert(new)
+    new.attributes[PADDED_FROM] = ir.DenseI64ArrayAttr.get(old_shape)
+    new.attributes[PAD_VALUE] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), pad_value)
+    if halves:
+        new.attributes[PAD_HALVES] = ir.BoolAttr.get(True)
+    gop.erase()
     for load in loads:
         with ir.InsertionPoint(load), load.location:
             nl = ir.Operation.create("util.global.load", results=[new_t], attributes={"global": load.attributes["global"]})
