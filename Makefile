@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The main job: compile the example gpt-oss-20b-shaped layer (random MXFP4 weights) for the CPU into
+# one artifact, then run it on random tokens and check it against the reference from its own weights.
 demo: $(STAMP)
-	$(PY) -m mxmoe.demo
+	mkdir -p build
+	$(VENV)/bin/mxmoe compile --preset gpt-oss-20b --target cpu -o build/gpt-oss-20b-layer.mxmoe
+	$(VENV)/bin/mxmoe run build/gpt-oss-20b-layer.mxmoe --tokens 4 --check
 
 # Default suite: everything except gpt-oss-sized runs (-m slow) and GPU tests (skip without CUDA).
 test: $(STAMP)

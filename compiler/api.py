@@ -27,7 +27,8 @@ def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], li
         if val.dtype not in _TORCH_DTYPE_NAMES:
             raise ValueError(f"entry tensor '{name}' has unsupported dtype {val.dtype}")
         dims = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else None for d in val.shape)
-        return TensorSpec(name, _TORCH_DTYPE_NAMES[val.dtype], dims)
+        bounds = tuple(None if s is not None else _upper_bound(ep, d) for s, d in zip(dims, val.shape))
+        return TensorSpec(name, _TORCH_DTYPE_NAMES[val.dtype], dims, bounds if any(b is not None for b in bounds) else None)
 
     user_inputs = ep.graph_signature.user_inputs
     nodes = {n.name: n for n in ep.graph.nodes}
@@ -35,6 +36,15 @@ def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], li
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     outs = [spec(f"out{i}", a.meta["val"]) for i, a in enumerate(out_node.args[0])]
     return ins, outs
+
+
+def _upper_bound(ep: torch.export.ExportedProgram, dim) -> int | None:
+    """The export-time upper bound of a symbolic dim (None where unbounded or not a plain symbol)."""
+    try:
+        vr = ep.range_constraints.get(dim.node.expr)
+        return int(vr.upper) if vr is not None and vr.upper.is_finite else None
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -54,9 +64,27 @@ class CompiledModule:
     timings: dict[str, float] = field(default_factory=dict)
     #: per weight global: how the stored array was made from the logical one (padding, layout)
     stored_forms: dict[str, StoredForm] = field(default_factory=dict)
+    #: what was compiled, when known: {"kind": "moe", "config": ..., "parameters": {field: global}} for an MoE layer
+    model: dict | None = None
+    #: Triton targets: the kernel plan (plain data), {plan kernel name: cubin}, and whether calls run
+    #: the plan's kernels under Triton's interpreter on the CPU instead of on a GPU
+    kernel_plan: dict | None = None
+    binaries: dict[str, bytes] = field(default_factory=dict)
+    interpret: bool = False
     _executor: Any = None
 
+    def save(self, path, weights: str = "embedded", **options) -> dict:
+        """Write this module as one mxmoe artifact file (docs/artifact-format.md); returns its manifest."""
+        from mxmoe.runtime.artifact import save_compiled
+
+        return save_compiled(self, path, weights=weights, **options)
+
     def executor(self):
+        if self._executor is None and self.target.backend == "triton":
+            from mxmoe.runtime.triton_executor import TritonExecutor
+
+            self._executor = TritonExecutor(self.kernel_plan, self.parameters, self.binaries,
+                                            mode="interpret" if self.interpret else "auto")
         if self._executor is None:
             if not self.target.runnable_here:
                 raise RuntimeError(f"target {self.target.name} cannot run on this machine (compiled for {self.target.arch})")
@@ -66,6 +94,10 @@ class CompiledModule:
         return self._executor
 
     def __call__(self, *args):
+        if self.target.backend == "triton":
+            if len(args) != 1:
+                raise ValueError(f"expected 1 input ({self.inputs[0].describe()}), got {len(args)}")
+            return self.executor()(args[0])
         arrays, any_torch = check_inputs(self.inputs, args)
         outs = self.executor()(*arrays)
         if any_torch:
@@ -89,11 +121,19 @@ def _default_example(module: torch.nn.Module) -> tuple:
 
 
 def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] | None = None,
-            extra_flags: Sequence[str] | None = None) -> CompiledModule:  # noqa: A001
-    """Compile ``source`` (an ``nn.Module`` with ``example_inputs``, or an ``ExportedProgram``) for ``target``."""
+            extra_flags: Sequence[str] | None = None, interpret: bool = False) -> CompiledModule:  # noqa: A001
+    """Compile ``source`` (an ``nn.Module`` with ``example_inputs``, or an ``ExportedProgram``) for ``target``.
+
+    ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
+    under Triton's interpreter on CPU tensors.
+    """
     from mxmoe.torch_frontend.capture import capture
 
     tgt = get_target(target)
+    if interpret and tgt.backend != "triton":
+        raise ValueError(f"interpret=True applies to cuda targets only, not {tgt.name}")
+    if tgt.backend == "triton":
+        import mxmoe.compiler.triton_plan  # noqa: F401  (registers the Triton weight layouts)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if isinstance(source, torch.export.ExportedProgram):
@@ -117,7 +157,7 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
     mlir = str(imported.module)
     timings["passes_s"] = time.perf_counter() - t0
 
-    vmfb = None
+    vmfb, kernel_plan, binaries = None, None, {}
     if tgt.backend == "iree":
         from mxmoe.compiler.iree_backend import compile_to_vmfb
 
@@ -125,5 +165,13 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
         vmfb = compile_to_vmfb(mlir, tgt, list(extra_flags or []))
         timings["iree_compile_s"] = time.perf_counter() - t0
     else:
-        raise NotImplementedError(f"target {tgt.name}: the Triton backend is not built yet")
-    return CompiledModule(tgt, ins, outs, vmfb, parameters, mlir, timings, stored_forms=forms)
+        from mxmoe.compiler.triton_backend import compile_triton
+
+        kernel_plan, binaries = compile_triton(imported.module, parameters, tgt, interpret=interpret,
+                                               timings=timings)
+    from mxmoe.runtime.artifact import moe_model_info
+    from mxmoe.torch_frontend.moe import MoE
+
+    model = moe_model_info(source.config, parameters) if isinstance(source, MoE) else None
+    return CompiledModule(tgt, ins, outs, vmfb, parameters, mlir, timings, stored_forms=forms, model=model,
+                          kernel_plan=kernel_plan, binaries=binaries, interpret=interpret)

@@ -127,6 +127,9 @@ def write_artifact(path: str | os.PathLike, manifest: dict, sections: Iterable[S
             f.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, moff, len(blob), hashlib.sha256(blob).digest()))
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; give it the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -475,25 +478,36 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
             out[p["name"]] = forms[p["name"]].apply(p["name"], a) if p["name"] in forms else a
         return out
 
+    def _set_writer(set_name, getter, wformat):
+        def write(f) -> None:
+            arrays = compiled.parameters if getter is None else stored(getter)
+            if progress:
+                progress(f"packing weights '{set_name}'")
+            if wformat != KIND_IRPA:
+                safetensors_writer(arrays)(f)
+                return
+            p = irpa_writer(arrays, scratch)
+            tmp_files.append(p)
+            del arrays
+            with open(p, "rb") as src:
+                while chunk := src.read(16 << 20):
+                    f.write(chunk)
+            os.unlink(p)
+        return write
+
     try:
         if weights == "embedded":
             getters = dict(weight_sets) if weight_sets else {"default": None}
             for set_name, getter in getters.items():
-                arrays = compiled.parameters if getter is None else stored(getter)
                 sec = f"weights/{_section_name(set_name)}" + (".irpa" if wformat == KIND_IRPA else ".safetensors")
-                if wformat == KIND_IRPA:
-                    if progress:
-                        progress(f"packing weights '{set_name}'")
-                    p = irpa_writer(arrays, scratch)
-                    tmp_files.append(p)
-                    sections.append(Section(sec, KIND_IRPA, p))
-                else:
-                    sections.append(Section(sec, KIND_SAFETENSORS, safetensors_writer(arrays)))
+                # Each set is built, transformed and written when its section's turn comes, then dropped:
+                # a whole checkpoint never sits in memory (or in scratch files) at once.
+                sections.append(Section(sec, KIND_IRPA if wformat == KIND_IRPA else KIND_SAFETENSORS,
+                                        _set_writer(set_name, getter, wformat)))
                 sets.append({"name": set_name, "section": sec,
                              "source": (external_sources or {}).get(set_name)})
-                del arrays
         else:
-            for set_name, src in (external_sources or {}).items():
+            for set_name, src in (external_sources or {"default": None}).items():
                 sets.append({"name": set_name, "section": None, "source": src})
         manifest = {
             "format": "mxmoe-artifact",
@@ -514,3 +528,15 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
         for p in tmp_files:
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def moe_model_info(config, parameter_names: Iterable[str]) -> dict | None:
+    """The manifest's ``model`` record for a compiled bare MoE layer: its config and which parameter
+    holds which ``MoEWeights`` field (None when the parameters are not exactly the layer's)."""
+    from mxmoe.weights import VLLM_NAMES
+
+    names = set(parameter_names)
+    fields = {f: f for f in VLLM_NAMES if f in names}
+    if set(fields) != names:
+        return None
+    return {"kind": "moe", "config": config.to_dict(), "parameters": fields}

@@ -1,0 +1,575 @@
+"""The ``mxmoe`` command: compile MoE layers ahead of time, run and inspect the artifacts.
+
+    mxmoe compile --preset gpt-oss-20b --target cpu -o moe20b.mxmoe
+    mxmoe compile CHECKPOINT_DIR --target cpu -o model.mxmoe [--layer N] [--weights external]
+    mxmoe compile model.pt2 --target rocm:gfx942 -o model.mxmoe
+    mxmoe compile my_pkg.layers:make_block --target cpu -o block.mxmoe
+    mxmoe run moe20b.mxmoe --tokens 8 --check
+    mxmoe inspect moe20b.mxmoe
+
+Errors print one line (``mxmoe: error: ...``) and exit non-zero; set MXMOE_DEBUG=1 for a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from mxmoe._version import __version__
+
+EXIT_ERROR = 1       # the command could not do its job (bad input, missing file, corrupt artifact...)
+EXIT_MISMATCH = 3    # run --check: the compiled result disagrees with the reference
+DEFAULT_TOL = 2e-2   # max |out - ref| / max |ref| accepted by --check (bf16 activations)
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status EXIT_ERROR."""
+
+
+# ============================================================================================ output
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class _Step:
+    """Prints ``label ...`` then ``done in X s``; on a terminal a ticking clock shows it is alive."""
+
+    def __init__(self, label: str, quiet: bool = False):
+        self.label, self.quiet = label, quiet
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        if not self.quiet:
+            print(f"{self.label} ...", end="", flush=True, file=sys.stderr)
+            if sys.stderr.isatty():
+                self._thread = threading.Thread(target=self._tick, daemon=True)
+                self._thread.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            print(f"\r{self.label} ... {time.perf_counter() - self.t0:.0f} s", end="", flush=True, file=sys.stderr)
+
+    def __exit__(self, exc_type, *_):
+        self._stop.set()
+        self.elapsed = time.perf_counter() - self.t0
+        if not self.quiet:
+            end = "failed" if exc_type else f"done in {self.elapsed:.1f} s"
+            if sys.stderr.isatty():
+                print(f"\r{self.label} ... {end}", file=sys.stderr, flush=True)
+            else:
+                print(f" {end}", file=sys.stderr, flush=True)
+        return False
+
+
+def _say(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+# ============================================================================================ compile
+
+def _load_source(args):
+    """(module or ExportedProgram, example_inputs or None, description dict, checkpoint info or None)."""
+    import torch
+
+    from mxmoe.torch_frontend import MoE
+
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
+    if args.preset:
+        if args.source:
+            raise CliError("give either SOURCE or --preset, not both")
+        from mxmoe.config import preset
+
+        cfg = preset(args.preset)
+        with _Step(f"building random {args.preset} layer (E={cfg.num_experts}, k={cfg.top_k}, "
+                   f"H={cfg.hidden}, I={cfg.intermediate})", args.quiet):
+            layer = MoE.random(cfg, seed=args.seed, dtype=dtype)
+        return layer, None, {"kind": "preset", "preset": args.preset, "seed": args.seed}, None
+    if not args.source:
+        raise CliError("nothing to compile: give SOURCE (.pt2, checkpoint directory or module:factory) or --preset")
+    src = args.source
+    p = Path(src)
+    if p.is_dir():
+        from mxmoe.checkpoint import hf_moe_layers, read_hf_config
+
+        if not (p / "config.json").is_file():
+            raise CliError(f"{p}: not a checkpoint directory (no config.json)")
+        cfg = read_hf_config(p)
+        layers = hf_moe_layers(p)
+        if not layers:
+            raise CliError(f"{p}: no MoE layers found (no model.layers.N.mlp.experts.gate_up_proj_blocks tensors)")
+        if args.layer is not None:
+            if args.layer not in layers:
+                raise CliError(f"{p}: no MoE layer {args.layer} (layers: {_ranges(layers)})")
+            layers = [args.layer]
+        with _Step(f"reading layer {layers[0]} of {p} (E={cfg.num_experts}, k={cfg.top_k}, H={cfg.hidden}, "
+                   f"I={cfg.intermediate})", args.quiet):
+            import warnings
+
+            with warnings.catch_warnings():  # the checkpoint's tensors are read-only memory maps; MoE copies none
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                layer = MoE.from_hf_checkpoint(str(p), layers[0], dtype=dtype)
+        # every other layer: check its tensors now, so a broken checkpoint fails before compiling
+        from mxmoe.checkpoint import read_hf_gpt_oss
+
+        for n in layers[1:]:
+            read_hf_gpt_oss(p, n)
+        desc = {"kind": "hf-gpt-oss", "path": str(p.resolve()), "layers": layers}
+        return layer, None, desc, {"path": p.resolve(), "layers": layers}
+    if src.endswith(".pt2") or p.is_file():
+        if not p.exists():
+            raise CliError(f"{p}: no such file")
+        with _Step(f"loading exported program {p}", args.quiet):
+            try:
+                ep = torch.export.load(str(p))
+            except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
+                raise CliError(f"{p}: not a loadable torch.export program (.pt2): {_first_line(e)}") from None
+        return ep, None, {"kind": "exported-program", "path": str(p.resolve())}, None
+    if ":" in src:
+        mod_name, _, fn_name = src.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # module.path:factory names a module of the working directory too
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise CliError(f"{src}: cannot import module {mod_name!r} ({_first_line(e)})") from None
+        fn = getattr(mod, fn_name, None)
+        if not callable(fn):
+            raise CliError(f"{src}: module {mod_name!r} has no callable {fn_name!r}")
+        with _Step(f"calling {src}", args.quiet):
+            made = fn()
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+            module, example = made
+            example = tuple(example) if isinstance(example, (list, tuple)) else (example,)
+        elif isinstance(made, torch.nn.Module):
+            module, example = made, None
+        else:
+            raise CliError(f"{src}: expected the factory to return (nn.Module, example_inputs), "
+                           f"got {type(made).__name__}")
+        return module, example, {"kind": "factory", "factory": src}, None
+    raise CliError(f"{src}: no such file or directory (SOURCE is a .pt2 file, a checkpoint directory or module:factory)")
+
+
+#: The ops of an exported bare MoE layer (anything else means a larger module around it).
+_BARE_MOE_OPS = {"aten.sym_size.int": None, "aten.reshape.default": None, "aten.view.default": None,
+                 "getitem": None, "aten.linear.default": 1, "mxmoe.route.default": 1,
+                 "mxmoe.mxfp4_grouped_matmul.default": 2, "mxmoe.glu.default": 1, "mxmoe.combine.default": 1}
+
+
+def _moe_from_exported(ep, parameter_names) -> dict | None:
+    """The manifest's ``model`` record for an exported program that is exactly one mxmoe MoE layer
+    (so ``run --check`` can rebuild the reference from the artifact's weights), else None."""
+    from mxmoe.config import MoEConfig
+    from mxmoe.runtime.artifact import moe_model_info
+
+    counts: dict[str, int] = {}
+    ops = {}
+    for n in ep.graph.nodes:
+        if n.op != "call_function":
+            continue
+        name = "getitem" if getattr(n.target, "__name__", "") == "getitem" else str(n.target)
+        if name not in _BARE_MOE_OPS:
+            return None
+        counts[name] = counts.get(name, 0) + 1
+        ops[name] = n
+    if any(want is not None and counts.get(name, 0) != want for name, want in _BARE_MOE_OPS.items()):
+        return None
+    names = set(parameter_names)
+    if ("w13_bias" in names) != ("w2_bias" in names):
+        return None
+    try:
+        w13 = ep.state_dict["w13"]
+        route, glu = ops["mxmoe.route.default"].args, ops["mxmoe.glu.default"].args
+        cfg = MoEConfig(num_experts=int(w13.shape[0]), top_k=int(route[1]), hidden=int(w13.shape[2]) * 2,
+                        intermediate=int(w13.shape[1]) // 2, routing=route[2], renormalize=bool(route[3]),
+                        activation=glu[1], swiglu_alpha=float(glu[2]), swiglu_limit=float(glu[3]),
+                        interleaved=bool(glu[4]), bias="w13_bias" in names, router_bias="router_bias" in names)
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+        return None
+    return moe_model_info(cfg, names)
+
+
+def _ranges(xs: list[int]) -> str:
+    return ", ".join(map(str, xs)) if len(xs) <= 8 else f"{xs[0]}..{xs[-1]} ({len(xs)} layers)"
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+def cmd_compile(args) -> int:
+    from mxmoe.compiler.targets import get_target
+
+    try:
+        target = get_target(args.target)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    out = Path(args.output)
+    if out.is_dir():
+        raise CliError(f"{out}: is a directory; -o names the artifact file to write")
+    if not out.parent.exists():
+        raise CliError(f"{out.parent}: output directory does not exist")
+    if args.weights == "external" and not (args.source and Path(args.source).is_dir()):
+        raise CliError("--weights external needs a checkpoint directory SOURCE (the runtime reads the weights from it)")
+    t_all = time.perf_counter()
+    source, example, desc, ckpt = _load_source(args)
+
+    import mxmoe
+
+    with _Step(f"compiling for {target.name} (capture, import, passes, "
+               f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
+        compiled = mxmoe.compile(source, target=target, example_inputs=example)
+    _say("  " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in compiled.timings.items()), args.quiet)
+
+    options = {}
+    if compiled.model is None and desc["kind"] == "exported-program":
+        options["model"] = _moe_from_exported(source, compiled.parameters)
+        compiled.model = options["model"]
+    if ckpt is not None:
+        from mxmoe.checkpoint import read_hf_gpt_oss
+
+        srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
+        options["external_sources"] = srcs
+        if args.weights == "embedded":
+            model = compiled.model
+
+            def getter(n):
+                def get():
+                    w = read_hf_gpt_oss(ckpt["path"], n)
+                    return {param: getattr(w, f) for f, param in model["parameters"].items()}
+                return get
+
+            options["weight_sets"] = {f"layer.{n}": getter(n) for n in ckpt["layers"]}
+    n_sets = len(options.get("weight_sets") or {})
+    if n_sets > 1 and not args.quiet:
+        done = [0]
+
+        def progress(msg: str) -> None:
+            if msg.startswith("packing weights"):
+                done[0] += 1
+                _say(f"  {msg} ({done[0]}/{n_sets})")
+
+        options["progress"] = progress
+    with _Step(f"writing {out}", args.quiet):
+        if n_sets > 1 and not args.quiet:
+            print(file=sys.stderr)
+        manifest = compiled.save(out, weights=args.weights, source=desc, **options)
+    total = time.perf_counter() - t_all
+    size = out.stat().st_size
+    secs = {s["name"]: s["size"] for s in manifest["sections"]}
+    module_bytes = sum(v for k, v in secs.items() if not k.startswith("weights/"))
+    weight_bytes = sum(v for k, v in secs.items() if k.startswith("weights/"))
+    sets = manifest["weights"]["sets"]
+    print(f"compiled {_describe_source(desc, compiled)} for {target.name} in {total:.1f} s")
+    print(f"  entry   main({', '.join(s.describe() for s in compiled.inputs)}) -> "
+          f"{', '.join(s.describe() for s in compiled.outputs)}")
+    wdesc = (f"embedded, {len(sets)} set(s), {_human(weight_bytes)}" if args.weights == "embedded"
+             else f"external ({len(sets)} source(s)), read at load time")
+    print(f"  wrote   {out}: {_human(size)} (module {_human(module_bytes)}, weights {wdesc})")
+    return 0
+
+
+def _describe_source(desc: dict, compiled) -> str:
+    m = compiled.model
+    what = ""
+    if m and m.get("kind") == "moe":
+        c = m["config"]
+        what = f"MoE layer (E={c['num_experts']}, k={c['top_k']}, H={c['hidden']}, I={c['intermediate']})"
+    kind = desc["kind"]
+    if kind == "preset":
+        return f"{what} [random {desc['preset']}, seed {desc['seed']}]"
+    if kind == "hf-gpt-oss":
+        return f"{what} [{desc['path']}, layer(s) {_ranges(desc['layers'])}]"
+    if kind == "exported-program":
+        return f"{what or 'exported program'} [{desc['path']}]"
+    return f"{what or 'module'} [{desc['factory']}]"
+
+
+# ============================================================================================ run
+
+def _random_inputs(specs, tokens: int, seed: int):
+    import numpy as np
+
+    from mxmoe.runtime.signature import numpy_dtype
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in specs:
+        shape = tuple(tokens if d is None else d for d in s.shape)
+        dt = numpy_dtype(s.dtype)
+        if dt.kind == "f" or dt.name == "bfloat16":
+            out.append(rng.standard_normal(shape, dtype=np.float32).astype(dt))
+        else:
+            out.append(rng.integers(0, 2, size=shape).astype(dt))
+    return out
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from mxmoe.runtime import load
+    from mxmoe.runtime.artifact import Artifact
+
+    if args.tokens < 1:
+        raise CliError(f"--tokens must be at least 1, got {args.tokens}")
+    art = Artifact(args.artifact)
+    with _Step(f"loading {args.artifact} for {art.target['name']}", args.quiet):
+        mod = load(args.artifact, device=args.device, weights=args.weights, weight_set=args.weight_set,
+                   layer=args.layer, verify=args.verify)
+    if args.input:
+        p = Path(args.input)
+        if not p.is_file():
+            raise CliError(f"{p}: no such input file")
+        try:
+            x = np.load(p, allow_pickle=False)
+        except ValueError as e:
+            raise CliError(f"{p}: not a .npy array ({_first_line(e)})") from None
+        inputs = [x]
+    else:
+        inputs = _random_inputs(mod.inputs, args.tokens, args.seed)
+    try:
+        out = mod(*inputs)  # first call (warm-up)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    times = []
+    for _ in range(max(args.repeat, 1)):
+        t0 = time.perf_counter()
+        out = mod(*inputs)
+        times.append(time.perf_counter() - t0)
+    outs = out if isinstance(out, tuple) else (out,)
+    tokens = inputs[0].shape[0] if inputs[0].ndim >= 1 else 1
+    print(f"ran {art.target['name']} module on {tuple(inputs[0].shape)} input ({tokens} tokens): "
+          f"{np.median(times) * 1e3:.2f} ms (median of {len(times)}); output {tuple(outs[0].shape)} {outs[0].dtype}")
+    if args.output:
+        o = np.asarray(outs[0])
+        if o.dtype.name == "bfloat16":  # .npy has no bfloat16: store the exact values as float32
+            o = o.astype(np.float32)
+        np.save(args.output, o)
+        print(f"  wrote {args.output} ({o.dtype})")
+    if not args.check:
+        return 0
+    ref, impl = _reference(args, mod, art, inputs)
+    from mxmoe.runtime.reference import relative_error
+
+    err = relative_error(np.asarray(outs[0], dtype=np.float32), ref)
+    ok = err <= args.tol
+    print(f"check: max relative error vs the {impl} reference {err:.2e} (tolerance {args.tol:.0e}) -> "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else EXIT_MISMATCH
+
+
+def _reference(args, mod, art, inputs):
+    """The reference output (float32) for ``inputs`` from the artifact's own weights."""
+    import numpy as np
+
+    from mxmoe.runtime.loader import logical_parameters, parameter_arrays
+    from mxmoe.runtime.reference import reference_moe, weights_from_parameters
+    from mxmoe.runtime.signature import numpy_dtype
+
+    if args.reference:
+        import torch
+
+        ep = torch.export.load(args.reference)
+        targs = []
+        for a, s in zip(inputs, mod.inputs):
+            t = torch.from_numpy(np.asarray(a, dtype=np.float32))
+            targs.append(t.to(getattr(torch, s.dtype)) if s.dtype in ("bfloat16", "float16", "float32") else t)
+        with torch.no_grad():
+            r = ep.module()(*targs)
+        r = r[0] if isinstance(r, (tuple, list)) else r
+        return r.float().numpy(), f"exported-program ({args.reference})"
+    model = art.manifest.get("model")
+    if not model or model.get("kind") != "moe":
+        raise CliError(f"{art.path}: --check needs a reference; this artifact was compiled from a general module, "
+                       "so give the exported program with --reference SOURCE.pt2")
+    if len(inputs) != 1:
+        raise CliError("--check of an MoE layer expects one input")
+    stored, _ = parameter_arrays(art, args.weights, args.weight_set, args.layer)
+    weights = weights_from_parameters(model, logical_parameters(art, stored))
+    ref, impl = reference_moe(weights, np.asarray(inputs[0], dtype=np.float32), numpy_dtype(mod.inputs[0].dtype),
+                              prefer_torch=not args.numpy_reference)
+    return ref, impl
+
+
+# ============================================================================================ inspect
+
+def cmd_inspect(args) -> int:
+    from mxmoe.runtime.artifact import Artifact
+    from mxmoe.runtime.signature import TensorSpec
+
+    art = Artifact(args.artifact)
+    if args.verify:
+        art.verify()
+    m = art.manifest
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    t = m["target"]
+    print(f"{art.path}: mxmoe artifact, format v{art.version}, written by mxmoe {m.get('mxmoe_version', '?')}, "
+          f"{_human(art.size)}")
+    line = f"  target      {t['name']} (backend {t['backend']}, arch {t['arch']})"
+    if t.get("cpu_features"):
+        line += f"; compiled for CPU features {' '.join(t['cpu_features'])}"
+    print(line)
+    model = m.get("model")
+    if model and model.get("kind") == "moe":
+        c = model["config"]
+        flags = [c["routing"], c["activation"], "interleaved gate/up" if c["interleaved"] else "gate|up halves",
+                 "biases" if c["bias"] else "no biases"]
+        print(f"  layer       MoE: {c['num_experts']} experts, top-{c['top_k']}, hidden {c['hidden']}, "
+              f"intermediate {c['intermediate']} ({', '.join(flags)})")
+    src = m.get("source")
+    if src:
+        print(f"  source      {', '.join(f'{k}={v}' for k, v in src.items())}")
+    for e in m["entries"]:
+        ins = ", ".join(TensorSpec.from_dict(d).describe() for d in e["inputs"])
+        outs = ", ".join(TensorSpec.from_dict(d).describe() for d in e["outputs"])
+        print(f"  entry       {e['name']}({ins}) -> {outs}   (? = dynamic)")
+    mod = m["module"]
+    if mod["kind"] == "triton":
+        print(f"  module      triton kernel plan, {len(mod.get('binaries') or {})} kernel binaries")
+    else:
+        print(f"  module      {mod['kind']} ({_human(art.section_info(mod['section'])['size'])}), function {mod.get('function')}")
+    w = m["weights"]
+    sets = w.get("sets", [])
+    names = ", ".join(s["name"] for s in sets[:6]) + (" ..." if len(sets) > 6 else "")
+    sizes = sum(art.section_info(s["section"])["size"] for s in sets if s.get("section"))
+    print(f"  weights     {w['storage']}, {w['format']}, {len(sets)} set(s): {names}"
+          + (f" (default {w.get('default')})" if len(sets) > 1 else "") + (f", {_human(sizes)}" if sizes else ""))
+    if w["storage"] == "external":
+        for s in w.get("sets", [])[:6]:
+            print(f"                {s['name']}: {s.get('source')}")
+    print("  parameters")
+    for p in m["parameters"]:
+        f = p.get("form") or {}
+        extra = []
+        if f.get("role"):
+            extra.append(f["role"])
+        if f.get("layout"):
+            extra.append(f"layout {f['layout']}")
+        if f and list(f.get("shape", [])) != list(f.get("padded_shape", [])):
+            extra.append(f"padded from {list(f['shape'])}")
+        print(f"    {p['name']:<16} {p['dtype']}{list(p['shape'])}  {', '.join(extra)}")
+    print("  sections")
+    for s in m["sections"]:
+        print(f"    {s['name']:<28} {s['kind']:<24} offset {s['offset']:>12}  {_human(s['size']):>10}  "
+              f"sha256 {s['sha256'][:16]}")
+    if args.verify:
+        print("  verified: every section matches its sha256")
+    return 0
+
+
+# ============================================================================================ main
+
+def build_parser() -> argparse.ArgumentParser:
+    from mxmoe.config import PRESETS
+
+    p = argparse.ArgumentParser(
+        prog="mxmoe", description="Compile MXFP4 Mixture-of-Experts layers ahead of time and run them.",
+        epilog="Targets: cpu, rocm:gfx942, rocm:gfx950, cuda:sm_90, cuda:sm_100. "
+               "See docs/user-guide.md. Set MXMOE_DEBUG=1 to see tracebacks.")
+    p.add_argument("--version", action="version", version=f"mxmoe {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    c = sub.add_parser("compile", help="compile a layer or model into one .mxmoe artifact",
+                       description="Compile SOURCE for TARGET into one artifact file. SOURCE is a saved "
+                                   "ExportedProgram (.pt2), a Hugging Face gpt-oss-style checkpoint directory, "
+                                   "or module.path:factory (a callable returning (nn.Module, example_inputs)).")
+    c.add_argument("source", nargs="?", help="model.pt2 | CHECKPOINT_DIR | module.path:factory")
+    c.add_argument("--target", "-t", required=True, help="cpu, rocm:gfx942, rocm:gfx950, cuda:sm_90, cuda:sm_100")
+    c.add_argument("-o", "--output", required=True, help="artifact file to write (e.g. model.mxmoe)")
+    c.add_argument("--preset", choices=sorted(PRESETS), help="compile a random example layer of this shape instead of SOURCE")
+    c.add_argument("--seed", type=int, default=0, help="seed of the --preset layer's random weights")
+    c.add_argument("--layer", type=int, help="checkpoint SOURCE: compile this MoE layer only (default: all MoE "
+                                             "layers, one compiled module with one weight set per layer)")
+    c.add_argument("--weights", choices=("embedded", "external"), default="embedded",
+                   help="embedded: store the weights in the artifact (default); external: store none, the "
+                        "runtime reads them from the checkpoint at load time")
+    c.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16",
+                   help="activation dtype of --preset/checkpoint layers (default bfloat16)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    c.set_defaults(func=cmd_compile)
+
+    r = sub.add_parser("run", help="run an artifact on random (or given) input, optionally check it",
+                       description="Load ARTIFACT, run it on random input of --tokens tokens (or --input x.npy) "
+                                   "and print the time; --check compares with the reference MoE computed from "
+                                   "the artifact's own weights and exits 3 on a mismatch.")
+    r.add_argument("artifact")
+    r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4)")
+    r.add_argument("--input", help=".npy file with the input instead of random data")
+    r.add_argument("--output", help="write the output to this .npy file (bfloat16 as float32)")
+    r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees")
+    r.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"--check tolerance (default {DEFAULT_TOL})")
+    r.add_argument("--numpy-reference", action="store_true", help="--check with the numpy reference even if torch is installed")
+    r.add_argument("--reference", help="--check against this exported program (.pt2) instead of the MoE reference")
+    r.add_argument("--weights", help="weights to bind: checkpoint directory (with --layer) or safetensors file")
+    r.add_argument("--layer", type=int, help="checkpoint layer: for --weights / external weights, or the embedded "
+                                             "weight set layer.N of a whole-checkpoint artifact")
+    r.add_argument("--weight-set", help="embedded weight set to bind (e.g. layer.3; default: the artifact's default)")
+    r.add_argument("--device", help="device (cpu targets: cpu, local-task, local-sync)")
+    r.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (default 3)")
+    r.add_argument("--seed", type=int, default=1, help="seed of the random input")
+    r.add_argument("--verify", action="store_true", help="also check the weights' sha256 before running")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=cmd_run)
+
+    i = sub.add_parser("inspect", help="print an artifact's manifest in human form",
+                       description="Print what ARTIFACT holds: target, entry signature, weights, sections.")
+    i.add_argument("artifact")
+    i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
+    i.add_argument("--verify", action="store_true", help="check every section's sha256")
+    i.set_defaults(func=cmd_inspect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("mxmoe: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `mxmoe inspect X | head`: stop quietly, like other command-line tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Exception as e:  # noqa: BLE001 - every failure becomes one readable line
+        if os.environ.get("MXMOE_DEBUG"):
+            raise
+        print(f"mxmoe: error: {_error_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _error_line(e: BaseException) -> str:
+    msg = _first_line(e)
+    # ArtifactError and WeightsError are ValueErrors, TargetUnavailableError is checked by name (importing
+    # the runtime here could itself fail, and the error line must still print)
+    if isinstance(e, (CliError, ValueError, FileNotFoundError, NotImplementedError)):
+        return msg
+    if type(e).__name__ == "TargetUnavailableError":
+        return msg
+    if type(e).__name__ == "CompileError":
+        return msg
+    return f"internal error ({type(e).__name__}: {msg}); rerun with MXMOE_DEBUG=1 for a traceback"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

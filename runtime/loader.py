@@ -1,0 +1,439 @@
+"""``mxmoe.runtime.load``: an artifact file -> a callable module. The IREE path needs no torch or triton.
+
+    mod = mxmoe.runtime.load("model.mxmoe")
+    y = mod(x)            # numpy in -> numpy out; torch in -> torch out
+
+Inputs are checked against the artifact's entry signature (dtype, rank, static dims, dynamic-dim
+bounds); float32/bfloat16/float16 inputs are converted to the entry's float dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from mxmoe.runtime.artifact import KIND_IRPA, KIND_SAFETENSORS, Artifact, ArtifactError, irpa_index, \
+    read_safetensors_view
+from mxmoe.runtime.signature import TensorSpec, check_inputs, numpy_dtype
+
+
+class TargetUnavailableError(RuntimeError):
+    """The artifact was compiled for a device this machine does not have."""
+
+
+class WeightsError(ValueError):
+    """Weights for an artifact could not be found or do not fit it."""
+
+
+_TARGET_WORDS = {"host": "this kind of CPU", "gfx942": "an AMD MI300 GPU (gfx942)", "gfx950": "an AMD MI355 GPU (gfx950)",
+                 "sm_90": "an NVIDIA Hopper GPU (sm_90)", "sm_100": "an NVIDIA Blackwell GPU (sm_100)"}
+
+
+# ============================================================================================ module
+
+class LoadedModule:
+    """A compiled MoE module loaded from an artifact; call it like the layer it was compiled from.
+
+    Calls are safe from several threads at once (the executor serialises them).
+    """
+
+    def __init__(self, artifact: Artifact, executor, entry: dict, weight_set: str | None,
+                 native_tensors: bool = False):
+        self.artifact = artifact
+        self.manifest = artifact.manifest
+        self.path = artifact.path
+        self.target = artifact.target["name"]
+        self.weight_set = weight_set
+        self.inputs = [TensorSpec.from_dict(d) for d in entry["inputs"]]
+        self.outputs = [TensorSpec.from_dict(d) for d in entry["outputs"]]
+        self._executor = executor
+        self._native = native_tensors  # the executor takes torch tensors itself (Triton: CUDA tensors stay put)
+
+    def __call__(self, *args):
+        if self._native:
+            if len(args) != len(self.inputs):
+                want = ", ".join(s.describe() for s in self.inputs)
+                raise ValueError(f"expected {len(self.inputs)} input(s) ({want}), got {len(args)}")
+            _check_shapes(self.inputs, args)
+            return self._executor(*args)
+        arrays, any_torch = check_inputs(self.inputs, args)
+        outs = self._executor(*arrays)
+        if any_torch:
+            outs = [_to_torch(o) for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        sig = ", ".join(s.describe() for s in self.inputs)
+        return f"<mxmoe module {self.path.name} target={self.target} ({sig})>"
+
+
+def _check_shapes(specs, values) -> None:
+    """Rank and static dims of tensors that are passed through as they are (no dtype conversion here)."""
+    for spec, v in zip(specs, values):
+        shape = tuple(v.shape)
+        if len(shape) != len(spec.shape):
+            raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {shape}")
+        for i, (got, exp) in enumerate(zip(shape, spec.shape)):
+            if exp is not None and got != exp:
+                raise ValueError(f"input '{spec.name}': dim {i} must be {exp} ({spec.describe()}), got shape {shape}")
+            hi = spec.max_dims[i] if exp is None and spec.max_dims else None
+            if hi is not None and got > hi:
+                raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside 1..{hi}")
+
+
+def _to_torch(a: np.ndarray):
+    import torch  # only reached when the caller passed torch tensors
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+# ============================================================================================ load
+
+def load(path: str | os.PathLike, device: str | None = None, *, weights: str | os.PathLike | None = None,
+         weight_set: str | None = None, layer: int | None = None, verify: bool = False) -> LoadedModule:
+    """Load an mxmoe artifact for ``device`` and return a callable module.
+
+    ``device``: None picks the target's default (``local-task`` for cpu, ``hip`` for rocm, the current
+    CUDA device for cuda targets); cpu artifacts accept ``"cpu"``, ``"local-task"`` and ``"local-sync"``;
+    cuda artifacts accept ``"cuda"``/``"cuda:N"``, or ``"interpret"`` to run the kernel plan under
+    Triton's interpreter on the CPU (slow; for tests).
+    ``weight_set``: which embedded weight set to bind (artifacts compiled from a whole checkpoint hold
+    one per layer, named ``layer.N``; ``layer=N`` alone picks ``layer.N``); default: the artifact's default set.
+    ``weights``: for artifacts saved with external weights (or to override embedded ones), a gpt-oss
+    checkpoint directory (with ``layer``), or a safetensors file whose tensors are named like the
+    artifact's parameters; the runtime applies each parameter's stored form (padding, layout).
+    ``verify``: check the sha256 of the weight section too (module sections are always checked).
+    """
+    art = Artifact(path)
+    tgt = art.target
+    entry = art.entry()
+    weight_set = _resolve_set(art, weights, weight_set, layer)
+    _check_runnable(art, device)
+    if tgt["backend"] == "iree":
+        try:
+            import iree.runtime  # noqa: F401
+        except ImportError:
+            raise TargetUnavailableError(f"{art.path}: target {tgt['name']} runs on IREE, and the IREE runtime is "
+                                         "not installed (pip install iree-base-runtime)") from None
+
+        vmfb = art.section_bytes(art.manifest["module"]["section"])
+        params, set_name = _iree_parameters(art, weights, weight_set, layer, verify)
+        from mxmoe.runtime.iree_executor import IreeExecutor
+
+        driver = _iree_driver(tgt, device)
+        try:
+            executor = IreeExecutor(vmfb, params, driver=driver, function=art.manifest["module"].get("function", "main"))
+        except RuntimeError as e:
+            raise ArtifactError(f"{art.path}: IREE could not load the module: {str(e).splitlines()[0]}") from None
+        return LoadedModule(art, executor, entry, set_name)
+    if tgt["backend"] == "triton":
+        arrays, set_name = _parameter_arrays(art, weights, weight_set, layer, verify)
+        binaries = {k: art.section_bytes(v) for k, v in (art.manifest["module"].get("binaries") or {}).items()}
+        from mxmoe.runtime.triton_executor import TritonExecutor  # imports torch/triton; not on the IREE path
+
+        interpret = device == "interpret"
+        import warnings
+
+        with warnings.catch_warnings():
+            # weights are read-only views of the mapped file; the executor copies them to the GPU
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            executor = TritonExecutor(art.manifest["module"].get("kernel_plan"), arrays, binaries,
+                                      device=None if interpret else device,
+                                      mode="interpret" if interpret else "auto")
+        return LoadedModule(art, executor, entry, set_name, native_tensors=True)
+    raise ArtifactError(f"{art.path}: unknown backend {tgt['backend']!r} (target {tgt['name']})")
+
+
+def _iree_driver(tgt: dict, device: str | None) -> str:
+    if tgt["arch"] == "host":
+        if device in (None, "cpu", "local-task"):
+            return "local-task"
+        if device == "local-sync":
+            return "local-sync"
+        raise TargetUnavailableError(f"artifact targets {tgt['name']}; device {device!r} cannot run it "
+                                     "(use cpu, local-task or local-sync)")
+    return "hip"
+
+
+def _check_runnable(art: Artifact, device: str | None) -> None:
+    tgt = art.target
+    name, arch = tgt["name"], tgt["arch"]
+    need = _TARGET_WORDS.get(arch, arch)
+    if tgt["backend"] == "iree" and arch == "host":
+        want = tgt.get("cpu_features") or []
+        from mxmoe.runtime.artifact import host_cpu_features
+
+        have = host_cpu_features()
+        if have is not None:
+            missing = [f for f in want if f not in have]
+            if missing:
+                raise TargetUnavailableError(
+                    f"{art.path}: compiled for a CPU with {', '.join(missing)}, which this CPU lacks; "
+                    "recompile it on this machine")
+        return
+    if tgt["backend"] == "iree":
+        if not _hip_available():
+            raise TargetUnavailableError(f"{art.path}: target {name} needs {need}; this machine has none")
+        return
+    if tgt["backend"] == "triton":
+        if device == "interpret":
+            return  # Triton's interpreter runs the plan's kernels on the CPU (slow; for tests)
+        if not _cuda_available():
+            raise TargetUnavailableError(f"{art.path}: target {name} needs {need} with torch CUDA; "
+                                         "this machine has none")
+        return
+    raise TargetUnavailableError(f"{art.path}: unknown target backend {tgt['backend']!r}")
+
+
+def _hip_available() -> bool:
+    try:
+        import iree.runtime as rt
+
+        return bool(rt.get_driver("hip").query_available_devices())
+    except Exception:  # noqa: BLE001 - any failure means: no usable HIP device
+        return False
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ============================================================================================ weights
+
+def _resolve_set(art: Artifact, weights, weight_set, layer) -> str | None:
+    """``layer=N`` alone, on an artifact with embedded weight sets, names the set ``layer.N``."""
+    if layer is not None and weights is None and weight_set is None and art.manifest["weights"].get("storage") == "embedded":
+        return f"layer.{int(layer)}"  # a whole-checkpoint artifact holds one weight set per layer
+    return weight_set
+
+
+def _iree_parameters(art: Artifact, weights, weight_set, layer, verify):
+    """Parameters for the IREE executor: an index over the embedded archive (mmapped), or arrays."""
+    wm = art.manifest["weights"]
+    if weights is None and wm.get("storage") == "embedded":
+        ws = art.weight_set(weight_set)
+        if verify:
+            art.verify([ws["section"]])
+        info = art.section_info(ws["section"])
+        if info["kind"] != KIND_IRPA:
+            raise ArtifactError(f"{art.path}: weight section {ws['section']!r} is {info['kind']}, expected {KIND_IRPA}")
+        try:
+            return irpa_index(art.section(ws["section"])), ws["name"]
+        except RuntimeError as e:
+            raise ArtifactError(f"{art.path}: corrupt weight archive {ws['section']!r} ({str(e).splitlines()[0]})") from None
+    return _parameter_arrays(art, weights, weight_set, layer, verify)
+
+
+def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify) -> tuple[dict[str, np.ndarray], str]:
+    """Stored-form arrays by parameter name: from an embedded section or from external weights."""
+    wm = art.manifest["weights"]
+    if weights is None and wm.get("storage") == "embedded":
+        ws = art.weight_set(weight_set)
+        if verify:
+            art.verify([ws["section"]])
+        info = art.section_info(ws["section"])
+        view = art.section(ws["section"])
+        if info["kind"] == KIND_SAFETENSORS:
+            return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
+        return _irpa_arrays(art, view), ws["name"]
+    src, set_name = _external_source(art, weights, weight_set, layer)
+    raw = raw_weights(art, src)
+    return stored_parameters(art.manifest, raw), set_name
+
+
+def _irpa_arrays(art: Artifact, view: memoryview) -> dict[str, np.ndarray]:
+    index = irpa_index(view)
+    entries = dict(index.items())
+    out = {}
+    for p in art.manifest["parameters"]:
+        e = entries.get(p["name"])
+        if e is None:
+            raise ArtifactError(f"{art.path}: weight archive lacks parameter {p['name']!r}")
+        flat = np.frombuffer(e.file_view, dtype=np.uint8) if e.is_file else np.array(e.splat_pattern)
+        out[p["name"]] = flat.view(numpy_dtype(p["dtype"])).reshape(p["shape"])
+    return out
+
+
+def _external_source(art: Artifact, weights, weight_set, layer) -> tuple[dict, str]:
+    wm = art.manifest["weights"]
+    if weights is not None:
+        p = Path(weights)
+        if p.is_dir():
+            if layer is None:
+                try:
+                    recorded = art.weight_set(weight_set).get("source") or {}
+                except ArtifactError:
+                    recorded = {}
+                layer = recorded.get("layer")
+            if layer is None:
+                raise WeightsError(f"{p}: a checkpoint directory needs a layer number (--layer N)")
+            return {"kind": "hf-gpt-oss", "path": str(p), "layer": int(layer)}, f"layer.{int(layer)}"
+        if p.is_file():
+            return {"kind": "safetensors", "path": str(p)}, p.stem
+        raise WeightsError(f"{p}: no such weights file or checkpoint directory")
+    ws = art.weight_set(weight_set)
+    src = dict(ws.get("source") or {})
+    if not src.get("path"):
+        raise WeightsError(f"{art.path}: weights are not in the artifact; pass weights=... (--weights PATH)")
+    if layer is not None:
+        src["layer"] = int(layer)
+    if not Path(src["path"]).exists():
+        raise WeightsError(f"{art.path}: weights are not in the artifact and the recorded source {src['path']} "
+                           "does not exist here; pass weights=... (--weights PATH)")
+    return src, ws["name"] if layer is None else f"layer.{int(layer)}"
+
+
+def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
+    """Logical (unpadded, row-major) arrays by parameter name from an external source."""
+    kind = src.get("kind")
+    if kind == "hf-gpt-oss":
+        from mxmoe.checkpoint import read_hf_gpt_oss
+
+        model = art.manifest.get("model") or {}
+        if model.get("kind") != "moe":
+            raise WeightsError(f"{art.path}: not compiled from an MoE layer; a gpt-oss checkpoint cannot fill its weights")
+        w = read_hf_gpt_oss(src["path"], int(src["layer"]))
+        cfg = w.config.to_dict()
+        want = model["config"]
+        diff = [k for k in ("num_experts", "top_k", "hidden", "intermediate") if cfg.get(k) != want.get(k)]
+        if diff:
+            raise WeightsError(f"{src['path']}: layer shape differs from the artifact's: "
+                               + ", ".join(f"{k} {cfg[k]} vs {want[k]}" for k in diff))
+        return {param: getattr(w, field) for field, param in model["parameters"].items() if getattr(w, field) is not None}
+    if kind == "safetensors":
+        from mxmoe.checkpoint import read_safetensors
+
+        return read_safetensors(src["path"])
+    raise WeightsError(f"{art.path}: unknown weights source kind {kind!r}")
+
+
+def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raw logical arrays -> the stored arrays the compiled module reads (dtype cast, padding, layout),
+    exactly as the compiler stored them (``mxmoe.layouts.StoredForm``)."""
+    from mxmoe.layouts import StoredForm
+
+    _register_backend_layouts(manifest)
+    missing = [p["name"] for p in manifest["parameters"] if p["name"] not in raw]
+    if missing:
+        raise WeightsError(f"weights lack tensors: {', '.join(missing)}")
+    out = {}
+    for p in manifest["parameters"]:
+        a = np.asarray(raw[p["name"]])
+        want = numpy_dtype(p["dtype"])
+        if a.dtype != want:
+            if not (_is_float(a.dtype) and _is_float(want)):
+                raise WeightsError(f"weight '{p['name']}': expected {p['dtype']}, got {a.dtype}")
+            a = a.astype(want)
+        try:
+            if p.get("form"):
+                a = StoredForm.from_dict(p["form"]).apply(p["name"], a)
+        except ValueError as e:
+            raise WeightsError(str(e)) from None
+        if list(a.shape) != list(p["shape"]):
+            raise WeightsError(f"weight '{p['name']}': expected shape {list(p['shape'])}, got {list(a.shape)}")
+        out[p["name"]] = np.ascontiguousarray(a)
+    return out
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
+def _register_backend_layouts(manifest: dict) -> None:
+    """Make the target backend's named layouts known to ``mxmoe.layouts`` (deploy-time transforms).
+
+    Triton targets' K-contiguous layouts store the row-major bytes unchanged; the compiler registers
+    them when it plans kernels, and the runtime must know them without the compiler.
+    """
+    from mxmoe import layouts
+
+    wanted = {(p.get("form") or {}).get("layout") for p in manifest["parameters"]} - {None}
+    if not (wanted - set(layouts.known_layouts())) or manifest["target"].get("backend") != "triton":
+        return
+    from mxmoe.runtime.triton_kernels.layout import LAYOUTS  # torch: only on the Triton path
+
+    for name in wanted - set(layouts.known_layouts()):
+        if name in LAYOUTS and LAYOUTS[name].k_contiguous:
+            layouts.register_layout(name, lambda role, a: a)
+
+
+def _layout_inverse(name: str, role: str, shape, dtype):
+    """A function undoing layout ``name`` for arrays of this role/shape/dtype, or None if mxmoe has none.
+
+    Candidates: ``mxmoe.layouts.inverse_transform(name)`` where that exists, the CPU blocksplit's
+    unswizzle, and the identity; a candidate is used only if it round-trips random bytes exactly.
+    """
+    from mxmoe import layouts
+
+    if name not in layouts.known_layouts():
+        return None
+    candidates = []
+    if hasattr(layouts, "inverse_transform"):
+        try:
+            candidates.append(lambda a, f=layouts.inverse_transform(name): f(role, a))
+        except (KeyError, ValueError):
+            pass
+    if name == getattr(layouts, "CPU_BLOCKSPLIT", None):
+        candidates.append(lambda a: layouts.blocksplit_unswizzle(a).view(a.dtype) if role == "values" else a)
+    candidates.append(lambda a: a)
+    # a small probe with the same trailing (row) size: layouts act along rows, and it keeps this cheap
+    shape = tuple(1 for _ in shape[:-2]) + tuple(min(int(d), 4) for d in shape[-2:-1]) + tuple(shape[-1:])
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    probe = np.random.default_rng(0).integers(0, 256, size=n, dtype=np.uint8).view(dtype).reshape(shape)
+    form = layouts.StoredForm(shape=tuple(shape), padded_shape=tuple(shape), layout=name, role=role)
+    try:
+        stored = form.apply("probe", probe)
+    except ValueError:
+        return None
+    for inv in candidates:
+        back = np.asarray(inv(stored))
+        if back.shape == probe.shape and np.array_equal(back.view(np.uint8), probe.view(np.uint8)):
+            return inv
+    return None
+
+
+def logical_parameters(art: Artifact, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Stored arrays -> logical ones (layout undone, padding sliced off), for reference checks."""
+    _register_backend_layouts(art.manifest)
+    out = {}
+    for p in art.manifest["parameters"]:
+        a = arrays[p["name"]]
+        form = p.get("form")
+        if form:
+            if form.get("layout") is not None:
+                inv = _layout_inverse(form["layout"], form.get("role") or "", p["shape"], numpy_dtype(p["dtype"]))
+                if inv is None:
+                    raise WeightsError(f"weight '{p['name']}' is stored in layout {form['layout']!r}; "
+                                       "the reference check needs its inverse, which mxmoe does not have yet")
+                a = inv(a)
+            if form.get("pad_halves") and tuple(form["shape"]) != tuple(form["padded_shape"]):
+                h, hp = form["shape"][1] // 2, form["padded_shape"][1] // 2
+                a = np.concatenate([a[:, :h], a[:, hp: hp + h]], axis=1)
+                a = a[tuple(slice(0, d) for d in form["shape"])]
+            else:
+                a = a[tuple(slice(0, d) for d in form["shape"])]
+        out[p["name"]] = a
+    return out
+
+
+def parameter_arrays(art: Artifact, weights=None, weight_set=None, layer=None) -> tuple[dict[str, np.ndarray], str]:
+    """The stored arrays an artifact's module would bind (views into the file where embedded)."""
+    return _parameter_arrays(art, weights, _resolve_set(art, weights, weight_set, layer), layer, verify=False)
+
+
+def open_artifact(path: str | os.PathLike) -> Artifact:
+    return Artifact(path)
+
+
+__all__ = ["LoadedModule", "TargetUnavailableError", "WeightsError", "load", "open_artifact", "parameter_arrays",
+           "stored_parameters", "logical_parameters", "raw_weights"]
