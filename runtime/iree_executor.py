@@ -14,6 +14,23 @@ import numpy as np
 
 PARAMETER_SCOPE = "model"
 
+_CONFIGS: dict[str, object] = {}
+_CONFIGS_LOCK = threading.Lock()
+
+
+def shared_config(driver: str):
+    """One ``iree.runtime.Config`` (VM instance, device, thread pool) per driver for the whole process.
+
+    Every executor on a driver shares it, so a model with many compiled layers gets one pool of
+    worker threads, not one per layer.
+    """
+    import iree.runtime as rt
+
+    with _CONFIGS_LOCK:
+        if driver not in _CONFIGS:
+            _CONFIGS[driver] = rt.Config(driver)
+        return _CONFIGS[driver]
+
 
 class IreeExecutor:
     """One loaded module on one IREE device; calls are serialised, so sharing it across threads is safe."""
@@ -23,7 +40,7 @@ class IreeExecutor:
         import iree.runtime as rt
 
         self._rt = rt
-        self._config = rt.Config(driver)
+        self._config = shared_config(driver)
         index = rt.ParameterIndex()
         if isinstance(parameters, rt.ParameterIndex):
             index = parameters  # e.g. an archive section of an mxmoe artifact, memory-mapped by the caller

@@ -435,3 +435,10 @@ def test_layouts_are_applied_at_deploy_time_and_never_guessed(art, layer, compil
     arrays, _ = parameter_arrays(a)
     with pytest.raises(WeightsError, match="'w13' is stored in layout 'test-flip-k'; the reference check needs its inverse"):
         logical_parameters(a, arrays)
+
+
+def test_executors_share_one_iree_device_per_driver():
+    """Many loaded layers must not each start their own IREE device and worker pool."""
+    from mxmoe.runtime.iree_executor import shared_config
+
+    assert shared_config("local-task") is shared_config("local-task")

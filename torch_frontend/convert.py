@@ -49,7 +49,8 @@ class GptOssMoE(MoE):
         if hidden_states.shape[-1] != cfg.hidden:
             raise ValueError(f"GptOssMoE: last dim must be {cfg.hidden}, got shape {tuple(hidden_states.shape)}")
         if hidden_states.dtype != self.dtype:
-            raise ValueError(f"GptOssMoE: input dtype {hidden_states.dtype} does not match the layer's dtype {self.dtype}")
+            raise ValueError(f"GptOssMoE: input dtype {hidden_states.dtype} does not match the layer's dtype "
+                             f"{self.dtype}")
         tokens = hidden_states.reshape(-1, cfg.hidden)
         logits = F.linear(tokens, self.router_weight, self.router_bias)
         weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)

@@ -1,0 +1,396 @@
+"""torch.compile(backend="mxmoe"): regions compiled by mxmoe (IREE on CPU), the rest by inductor/eager.
+
+Every numeric check compares the compiled model with the same model run eagerly: the mxmoe custom ops'
+eager implementations are the reference semantics.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mxmoe
+from mxmoe.config import MoEConfig
+from mxmoe.torch_frontend import MoE, ops
+from mxmoe.torch_frontend import backend as B
+from mxmoe.torch_frontend.compile_cache import CompileCache, make_key
+
+CFG = MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64)
+BF16 = dict(atol=2e-2, rtol=2e-2)  # bf16 outputs: a rounding step apart at most
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    torch._dynamo.reset()
+    B.reset()
+    monkeypatch.delenv(B.ENV_FALLBACK, raising=False)
+    monkeypatch.delenv(B.ENV_REST, raising=False)
+    yield
+    torch._dynamo.reset()
+
+
+def _x(n, seed=0, dtype=torch.bfloat16):
+    return torch.randn(n, CFG.hidden, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One disk cache for the tests that do not test the cache: after the first compile, a disk hit."""
+    return tmp_path_factory.mktemp("mxmoe-cache")
+
+
+def _opts(cache_dir, **kw):
+    return {"cache_dir": str(cache_dir), **kw}
+
+
+def _mxmoe_compiles() -> int:
+    return B.stats.compiled + B.stats.disk_hits  # real compiles plus loads from the (shared) disk cache
+
+
+class TwoLayers(nn.Module):
+    """Two MoE layers of the same shape with different weights, plus plain ops around them."""
+
+    def __init__(self, dtype=torch.bfloat16):
+        super().__init__()
+        self.norm = nn.LayerNorm(CFG.hidden).to(dtype)
+        self.a = MoE.random(CFG, seed=1, dtype=dtype)
+        self.b = MoE.random(CFG, seed=2, dtype=dtype)
+
+    def forward(self, x):
+        h = x + self.a(self.norm(x))
+        return h + self.b(h) * 0.5
+
+
+def test_dynamic_token_counts_compile_once(shared_cache):
+    m = MoE.random(CFG, seed=0)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager", fallback="raise"))
+    graphs = {}
+    with torch.no_grad():
+        for i, n in enumerate((1, 5, 17, 300, 33)):
+            x = _x(n, seed=i)
+            torch.testing.assert_close(f(x), m(x), **BF16)
+            graphs[n] = B.stats.graphs
+    assert _mxmoe_compiles() == 1, B.stats         # one mxmoe (IREE) module for every token count
+    # dynamo: the size-1 specialisation, then (torch 2.13) one dynamic graph; torch 2.11 also specialises the
+    # first size > 1. After that, new token counts compile nothing.
+    assert graphs[17] <= 3 and graphs[33] == graphs[300] == graphs[17], graphs
+    assert B.stats.fallbacks == 0
+
+
+def test_same_shaped_layers_share_one_compile_and_bind_their_own_weights(shared_cache):
+    m = TwoLayers()
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager", fallback="raise"))
+    x = _x(9, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), **BF16)
+    assert (B.stats.regions, _mxmoe_compiles(), B.stats.memory_hits, B.stats.binds) == (2, 1, 1, 2), B.stats
+
+
+def test_weights_changed_in_place_are_rebound(shared_cache):
+    m = MoE.random(CFG, seed=0, dtype=torch.float32)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager", fallback="raise"))
+    x = _x(6, dtype=torch.float32)
+    with torch.no_grad():
+        before = f(x)
+        torch.testing.assert_close(before, m(x), atol=1e-5, rtol=1e-5)
+        m.w2_bias.mul_(-1.0)
+        m.router_weight.copy_(torch.flip(m.router_weight, dims=[0]))
+        after = f(x)
+        torch.testing.assert_close(after, m(x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(before, after)
+    assert B.stats.binds == 2 and _mxmoe_compiles() == 1
+
+
+def test_get_attr_weights(shared_cache):
+    """A graph whose weights are get_attr constants (e.g. from fx.symbolic_trace), not lifted inputs."""
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe = MoE.random(CFG, seed=7, dtype=torch.float32)
+
+        def forward(self, x):
+            m = self.moe
+            w, ids = ops.route(F.linear(x, m.router_weight, m.router_bias), CFG.top_k, CFG.routing, False)
+            h = ops.glu(ops.mxfp4_grouped_matmul(x, ids, m.w13, m.w13_scale, m.w13_bias), CFG.activation,
+                        CFG.swiglu_alpha, CFG.swiglu_limit, CFG.interleaved)
+            return ops.combine(ops.mxfp4_grouped_matmul(h, ids, m.w2, m.w2_scale, m.w2_bias), w) * 2.0
+
+    mod = Plain()
+    gm = torch.fx.symbolic_trace(mod)
+    assert sum(n.op == "get_attr" for n in gm.graph.nodes) == 8
+    x = _x(7, dtype=torch.float32)
+    run = B.mxmoe_backend(gm, [x], options=_opts(shared_cache, rest="eager", fallback="raise"))
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), mod(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(run(_x(40, seed=9, dtype=torch.float32)),
+                                   mod(_x(40, seed=9, dtype=torch.float32)), atol=1e-5, rtol=1e-5)
+    assert _mxmoe_compiles() == 1 and any(n.target is torch.ops.mxmoe.region.default for n in gm.graph.nodes)
+
+
+def _boom(*args, **kwargs):  # the tests using it run without a disk cache, so mxmoe.compile is reached
+    raise RuntimeError("boom from the test")
+
+
+def test_compile_error_falls_back_with_one_warning(shared_cache, monkeypatch):
+    monkeypatch.setattr(mxmoe, "compile", _boom)
+    m = TwoLayers()
+    f = torch.compile(m, backend="mxmoe", options=_opts("off", rest="eager"))
+    x = _x(5, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            y = f(x)
+    ours = [w for w in caught if issubclass(w.category, B.MxmoeFallbackWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "boom from the test" in str(ours[0].message) and "running the original ops" in str(ours[0].message)
+    with torch.no_grad():
+        torch.testing.assert_close(y, m(x), atol=0, rtol=0)  # the original ops ran: bit-identical
+    assert B.stats.fallbacks == 2 and _mxmoe_compiles() == 0
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_compile_error_can_raise(shared_cache, monkeypatch, how):
+    monkeypatch.setattr(mxmoe, "compile", _boom)
+    opts = _opts("off", rest="eager")
+    if how == "option":
+        opts["fallback"] = "raise"
+    else:
+        monkeypatch.setenv(B.ENV_FALLBACK, "raise")
+    f = torch.compile(MoE.random(CFG), backend="mxmoe", options=opts)
+    with pytest.raises(Exception, match="MoE region not compiled .*boom from the test"):
+        with torch.no_grad():
+            f(_x(3))
+
+
+def test_cuda_target_is_dispatched_and_falls_back_until_loadable(shared_cache, monkeypatch):
+    assert B.target_for(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
+    m = MoE.random(CFG)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    x = _x(4)
+    with pytest.warns(B.MxmoeFallbackWarning, match="cuda:sm_90"):
+        with torch.no_grad():
+            y = f(x)
+    torch.testing.assert_close(y, m(x), atol=0, rtol=0)
+
+
+def test_triton_path_plugs_in_by_adding_it_to_loadable(monkeypatch):
+    """What enabling CUDA will be: "triton" in ``_LOADABLE``. Run here on the CPU, with the Triton module's
+    kernels under the interpreter (``interpret=True``), since this machine has no GPU."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(B, "_LOADABLE", {"iree", "triton"})
+    monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
+    real_compile = mxmoe.compile
+    monkeypatch.setattr(mxmoe, "compile", lambda src, target, **kw: real_compile(src, target=target, interpret=True))
+    m = MoE.random(CFG, seed=0)  # one layer: stacked bf16 layers can flip a near-tied route downstream
+    f = torch.compile(m, backend="mxmoe", options=_opts("off", rest="eager", fallback="raise"))
+    with torch.no_grad():
+        for n, seed in ((1, 0), (6, 1), (19, 2)):
+            x = _x(n, seed=seed)
+            torch.testing.assert_close(f(x), m(x), **BF16)
+    assert B.stats.compiled == 1 and B.stats.fallbacks == 0, B.stats
+
+
+def test_inductor_failure_runs_the_rest_eagerly(shared_cache, monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    def no_inductor(*a, **k):
+        raise RuntimeError("no C++ compiler in this test")
+
+    monkeypatch.setattr(cfx, "compile_fx", no_inductor)
+    m = TwoLayers()
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, fallback="raise"))
+    x = _x(6, seed=8)
+    with pytest.warns(B.MxmoeFallbackWarning, match="inductor could not compile .*no C\\+\\+ compiler"):
+        with torch.no_grad():
+            y = f(x)
+    with torch.no_grad():
+        torch.testing.assert_close(y, m(x), **BF16)
+    assert B.stats.regions == 2 and B.stats.fallbacks == 0
+
+
+def test_run_time_failure_of_a_compiled_region_falls_back(shared_cache, monkeypatch):
+    def broken_bind(self, weights):
+        raise RuntimeError("cannot load the module in this test")
+
+    monkeypatch.setattr(B._Compiled, "bind", broken_bind)
+    m = MoE.random(CFG, seed=0)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    with torch.no_grad():
+        with pytest.warns(B.MxmoeFallbackWarning, match="failed at run time .*cannot load the module"):
+            y = f(_x(5))
+        torch.testing.assert_close(y, m(_x(5)), atol=0, rtol=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", B.MxmoeFallbackWarning)  # said once, not at every call
+            torch.testing.assert_close(f(_x(9, seed=2)), m(_x(9, seed=2)), atol=0, rtol=0)
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match="unknown option"):
+        B.Options.parse({"fallbak": "raise"})
+    with pytest.raises(ValueError, match="fallback must be"):
+        B.Options.parse({"fallback": "ignore"})
+
+
+# ------------------------------------------------------------------------------------------- cache
+def test_cache_roundtrip_and_corruption_is_detected(tmp_path):
+    cache = CompileCache(tmp_path)
+    key = make_key({"what": "test"})
+    assert key != make_key({"what": "other"})
+    assert cache.get(key) is None
+    path = cache.put(key, {"hello": 1}, b"payload bytes")
+    entry = cache.get(key)
+    assert entry.payload == b"payload bytes" and entry.manifest["hello"] == 1
+    good = path.read_bytes()
+    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:-3], b"garbage" + good, good.replace(key.encode(), b"0" * 64)):
+        path.write_bytes(bad)
+        with pytest.warns(UserWarning, match="corrupt entry"):
+            assert cache.get(key) is None
+        assert not path.exists()  # deleted, never used
+    assert CompileCache(None).get(key) is None and CompileCache(None).put(key, {}, b"x") is None
+
+
+def test_cache_location_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path / "here"))
+    assert CompileCache.from_env().root == tmp_path / "here"
+    monkeypatch.setenv("MXMOE_CACHE_DIR", "off")
+    assert not CompileCache.from_env().enabled
+
+
+def test_corrupt_cache_entry_is_rebuilt(tmp_path):
+    opts = _opts(tmp_path / "cache", rest="eager", fallback="raise")
+    m = MoE.random(CFG, seed=0)
+    x = _x(8)
+    with torch.no_grad():
+        torch.compile(m, backend="mxmoe", options=opts)(x)
+    (entry,) = list((tmp_path / "cache").glob("*/*.mxmoe"))
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # flip bits inside the compiled module
+    entry.write_bytes(bytes(data))
+    torch._dynamo.reset()
+    B.reset()
+    with pytest.warns(UserWarning, match="corrupt entry"):
+        with torch.no_grad():
+            y = torch.compile(m, backend="mxmoe", options=opts)(x)
+    torch.testing.assert_close(y, m(x), **BF16)
+    assert B.stats.compiled == 1 and B.stats.disk_hits == 0
+    assert CompileCache(tmp_path / "cache").get(entry.stem) is not None  # rewritten, valid
+
+
+_SECOND_PROCESS = textwrap.dedent("""
+    import json, sys, time
+    t0 = time.perf_counter()
+    import torch
+    from mxmoe.config import MoEConfig
+    from mxmoe.torch_frontend import MoE, backend as B
+    m = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0)
+    x = torch.randn(13, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        y = torch.compile(m, backend="mxmoe", options={"cache_dir": sys.argv[1], "rest": "eager",
+                                                       "fallback": "raise"})(x)
+        err = (y.float() - m(x).float()).abs().max().item()
+    print(json.dumps({"compiled": B.stats.compiled, "disk_hits": B.stats.disk_hits, "err": err,
+                      "seconds": time.perf_counter() - t0}))
+""")
+
+
+def test_second_process_loads_from_disk(tmp_path):
+    def process():
+        out = subprocess.run([sys.executable, "-c", _SECOND_PROCESS, str(tmp_path / "cache")], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold, warm = process(), process()
+    assert cold["compiled"] == 1 and cold["disk_hits"] == 0, cold
+    assert warm["compiled"] == 0 and warm["disk_hits"] == 1, warm
+    assert cold["err"] <= 2e-2 and warm["err"] <= 2e-2
+
+
+# -------------------------------------------------------------------------------------- registration
+_REGISTRATION = textwrap.dedent("""
+    import sys
+    import mxmoe, mxmoe.torch_frontend
+    print('torch._dynamo' in sys.modules)                    # import mxmoe stays cheap
+    import torch
+    f = torch.compile(lambda x: x * 2 + 1, backend='mxmoe')  # found through the entry point
+    assert f(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+    print(_COMPILER_FNS['mxmoe'].__module__)
+""")
+
+
+def test_backend_name_resolves_through_the_entry_point():
+    out = subprocess.run([sys.executable, "-c", _REGISTRATION], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "MXMOE_CACHE_DIR": "off"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "mxmoe.torch_frontend.backend"]
+
+
+def test_registers_on_import_when_dynamo_is_loaded():
+    from torch._dynamo.backends.registry import _COMPILER_FNS, lookup_backend
+
+    import mxmoe.torch_frontend as tf
+
+    tf._register_backend_if_dynamo_loaded()  # idempotent, and never clashes with the entry point
+    assert lookup_backend("mxmoe") is B.mxmoe_backend and _COMPILER_FNS["mxmoe"] is B.mxmoe_backend
+
+
+# -------------------------------------------------------------------------------- the real model
+@pytest.fixture(scope="module")
+def tiny_gpt_oss():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from mxmoe.torch_frontend import convert
+
+    torch.manual_seed(0)
+    cfg = GptOssConfig(hidden_size=64, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       vocab_size=128, layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                       max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = GptOssForCausalLM(cfg).to(torch.bfloat16).eval()
+    report = convert(model)
+    assert [r.name for r in report.replaced] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # the same converted model (same dequantized MXFP4 weights), run eagerly
+        logits = model(ids).logits
+        tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+    return model, ids, logits, tokens
+
+
+def _compiled_run(model, options, fn):
+    model.compile(backend="mxmoe", options=options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", B.MxmoeFallbackWarning)  # neither mxmoe nor inductor fell back
+            with torch.no_grad():
+                return fn()
+    finally:
+        model._compiled_call_impl = None  # back to eager for the next test
+
+
+def test_tiny_gpt_oss_logits_match_eager(tiny_gpt_oss, shared_cache):
+    model, ids, ref_logits, _ = tiny_gpt_oss
+    # default options: the rest of the graph (attention, norms, embeddings, lm_head) goes to inductor
+    logits = _compiled_run(model, _opts(shared_cache, fallback="raise"), lambda: model(ids).logits)
+    torch.testing.assert_close(logits.float(), ref_logits.float(), atol=2e-2, rtol=2e-2)
+    assert B.stats.regions == 2 and B.stats.fallbacks == 0 and _mxmoe_compiles() == 1, B.stats
+
+
+def test_tiny_gpt_oss_generates_the_same_greedy_tokens(tiny_gpt_oss, shared_cache):
+    model, ids, _, ref_tokens = tiny_gpt_oss
+    # rest="eager" here only to keep the test fast: generate adds prefill/decode graphs (inductor: ~25 s more)
+    tokens = _compiled_run(model, _opts(shared_cache, rest="eager", fallback="raise"),
+                           lambda: model.generate(ids, max_new_tokens=8, do_sample=False))
+    assert tokens.shape == (1, ids.shape[1] + 8)
+    assert tokens.tolist() == ref_tokens.tolist()
+    assert B.stats.fallbacks == 0 and _mxmoe_compiles() == 1 and B.stats.graphs >= 2, B.stats
