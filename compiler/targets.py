@@ -28,7 +28,8 @@ class Target:
 
 
 TARGETS = {
-    "cpu": Target("cpu", "iree", "host", "mxfp4-rowmajor", 32),
+    # cpu: the blocksplit layout is what the grouped CPU lowering reads (compiler/passes/lowering/cpu_grouped.py)
+    "cpu": Target("cpu", "iree", "host", "cpu-mxfp4-blocksplit", 32),
     "rocm:gfx942": Target("rocm:gfx942", "iree", "gfx942", "mxfp4-rowmajor", 32),
     "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", "mxfp4-rowmajor", 32),
     "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", "triton-mxfp4-kmajor", 32),

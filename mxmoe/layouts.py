@@ -20,6 +20,42 @@ ROW_MAJOR = "mxfp4-rowmajor"
 _TRANSFORMS: dict[str, Callable[[str, np.ndarray], np.ndarray]] = {ROW_MAJOR: lambda role, a: a}
 
 
+#: CPU layout: within each 32-value block (16 bytes of a row), byte b holds value b in its low nibble and
+#: value b + 16 in its high nibble, so each nibble plane of 8 consecutive bytes lines up with 8 consecutive
+#: activations (the CPU lowering's SIMD lanes). Scales and biases stay row-major. Same shape and size as
+#: row-major, so the weight globals keep their types.
+CPU_BLOCKSPLIT = "cpu-mxfp4-blocksplit"
+
+
+def blocksplit_swizzle(values: np.ndarray) -> np.ndarray:
+    """Row-major packed e2m1 bytes [..., K/2] -> the blocksplit order (see :data:`CPU_BLOCKSPLIT`)."""
+    v = np.asarray(values, dtype=np.uint8)
+    if v.shape[-1] % 16:
+        raise ValueError(f"blocksplit needs K/2 to be a multiple of 16 bytes, got {v.shape[-1]}")
+    blocks = v.reshape(*v.shape[:-1], v.shape[-1] // 16, 16)
+    nib = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)  # value order
+    return (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8).reshape(v.shape)
+
+
+def blocksplit_unswizzle(stored: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`blocksplit_swizzle`."""
+    v = np.asarray(stored, dtype=np.uint8)
+    if v.shape[-1] % 16:
+        raise ValueError(f"blocksplit needs K/2 to be a multiple of 16 bytes, got {v.shape[-1]}")
+    blocks = v.reshape(*v.shape[:-1], v.shape[-1] // 16, 16)
+    nib = np.concatenate([blocks & 0x0F, blocks >> 4], axis=-1)  # value order 0..31
+    pairs = nib.reshape(*blocks.shape[:-1], 16, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8).reshape(v.shape)
+
+
+def _blocksplit(role: str, a: np.ndarray) -> np.ndarray:
+    if role == "values":
+        return blocksplit_swizzle(a).view(a.dtype)
+    if role in ("scales", "bias"):
+        return a
+    raise ValueError(f"layout {CPU_BLOCKSPLIT}: unknown weight role {role!r}")
+
+
 def register_layout(name: str, transform: Callable[[str, np.ndarray], np.ndarray]) -> None:
     """Make ``name`` a known layout: ``transform(role, row_major_array)`` gives its stored array."""
     _TRANSFORMS[name] = transform
@@ -81,3 +117,6 @@ def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False)
     out = np.full(shape, fill, dtype=a.dtype)
     out[tuple(slice(0, d) for d in a.shape)] = a
     return out
+
+
+register_layout(CPU_BLOCKSPLIT, _blocksplit)

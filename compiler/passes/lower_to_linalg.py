@@ -6,17 +6,24 @@ inlines it. The token count stays dynamic.
 
 * route: softmax (when first) and k rounds of a deterministic arg-max reduction (ties go to the
   lower expert index, independent of reduction order), masking each winner before the next round.
-* grouped_matmul (+glu / +combine): the routed expert's packed bytes and scales are read with
-  ``tensor.extract`` at ``ids[t, j]``, so work and weight traffic grow with tokens x top_k, never with
-  the number of experts; each e2m1 nibble is decoded with integer ops to an f32 bit pattern and
-  multiplied by its block's e8m0 scale (also decoded exactly: byte 0 -> 2^-127, 0xFF -> NaN) inside
-  the reduction, so no dequantized weight tensor is ever materialized.
+* grouped_matmul (+glu / +combine), by the op's ``mxmoe.layout``:
+
+  - ``cpu-mxfp4-blocksplit`` (the cpu target): the grouped schedule of ``lowering/cpu_grouped.py``:
+    slots sorted by expert on the device, a host loop over the experts the routing actually picked,
+    each expert's weights an ``extract_slice`` of the parameter read once, the decode fused into a
+    vectorized lane matvec (few rows) or done once per expert before a contraction (many rows).
+  - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the portable form: the
+    routed expert's packed bytes and scales are read with ``tensor.extract`` at ``ids[t, j]`` inside one
+    reduction generic, each e2m1 nibble decoded with integer ops to an f32 bit pattern and multiplied by
+    its block's e8m0 scale (also decoded exactly: byte 0 -> 2^-127, 0xFF -> NaN).
+
+  Either way work and weight traffic grow with tokens x top_k (at most the experts picked), never with
+  the number of experts, and no dequantized weight tensor of all experts is ever materialized.
 * glu / combine: elementwise / reduction generics. Fused forms keep the reference's rounding points
   (the matmul result is rounded to the activation type before the epilogue), so they agree with the
   unfused ops bit for bit on the same backend.
 
-Weights must be in the ``mxfp4-rowmajor`` layout (the convention's [E, N, K/2] / [E, N, K/32]); a
-weight in any other layout is rejected with a diagnostic.
+A weight in any other layout (e.g. a Triton one) is rejected with a diagnostic naming the supported ones.
 """
 
 from __future__ import annotations
@@ -27,89 +34,16 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView, VerifyError, shape
+from mxmoe.compiler.passes.lowering import cpu_grouped
+from mxmoe.compiler.passes.lowering.text import (Body, amap, empty, filled, from_f32_lines, generic, round_to,
+                                                 to_f32_lines, tt)
 
 NAME = "mxmoe-lower-to-linalg"
 
 
 # ------------------------------------------------------------------------------------ text helpers
-def _tt(dims, el: str) -> str:
-    return "tensor<" + "x".join(["?" if d is None else str(d) for d in dims] + [el]) + ">"
-
-
-class _Body:
-    """Accumulates MLIR lines with fresh SSA names."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self.n = 0
-
-    def v(self, expr: str, prefix: str = "v", nres: int = 1) -> str:
-        self.n += 1
-        name = f"%{prefix}{self.n}"
-        self.lines.append(f"{name}{'' if nres == 1 else f':{nres}'} = {expr}")
-        return name
-
-    def raw(self, line: str) -> None:
-        self.lines.append(line)
-
-    def const(self, value, ty: str) -> str:
-        return self.v(f"arith.constant {value} : {ty}", "c")
-
-
-def _map(ndims: int, exprs: str) -> str:
-    ds = ", ".join(f"d{i}" for i in range(ndims))
-    return f"affine_map<({ds}) -> ({exprs})>"
-
-
-def _generic(b: _Body, ins: list[tuple[str, str, str]], outs: list[tuple[str, str, str]], iters: list[str],
-             body: list[str], block_args: list[tuple[str, str]], nres: int = 1) -> str:
-    """ins/outs: (value, type, affine map); body lines use the block arg names given."""
-    maps = ", ".join(m for _, _, m in ins + outs)
-    it = ", ".join(f'"{i}"' for i in iters)
-    ins_s = ", ".join(v for v, _, _ in ins)
-    ins_t = ", ".join(t for _, t, _ in ins)
-    outs_s = ", ".join(v for v, _, _ in outs)
-    outs_t = ", ".join(t for _, t, _ in outs)
-    args = ", ".join(f"{n}: {t}" for n, t in block_args)
-    res_t = ", ".join(t for _, t, _ in outs)
-    res_t = res_t if len(outs) == 1 else f"({res_t})"
-    text = (f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{it}]}} "
-            + (f"ins({ins_s} : {ins_t}) " if ins else "")
-            + f"outs({outs_s} : {outs_t}) {{\n^bb0({args}):\n    " + "\n    ".join(body) + f"\n  }} -> {res_t}")
-    return b.v(text, "g", nres)
-
-
-def _to_f32_lines(v: str, el: str, out: str) -> list[str]:
-    if el == "f32":
-        return [f"{out} = arith.maximumf {v}, {v} : f32"]  # identity that keeps the SSA name fresh
-    return [f"{out} = arith.extf {v} : {el} to f32"]
-
-
-def _from_f32_lines(v: str, el: str, out: str) -> list[str]:
-    if el == "f32":
-        return [f"{out} = arith.maximumf {v}, {v} : f32"]
-    return [f"{out} = arith.truncf {v} : f32 to {el}"]
-
-
-def _empty(b: _Body, dims, el: str, dyn: list[str]) -> str:
-    return b.v(f"tensor.empty({', '.join(dyn)}) : {_tt(dims, el)}", "e")
-
-
-def _filled(b: _Body, dims, el: str, dyn: list[str], value: str) -> str:
-    e = _empty(b, dims, el, dyn)
-    c = b.const(value, el)
-    return b.v(f"linalg.fill ins({c} : {el}) outs({e} : {_tt(dims, el)}) -> {_tt(dims, el)}", "f")
-
-
-def _round(b: _Body, src: str, dims, el: str, dyn: list[str]) -> str:
-    """f32 tensor -> el tensor (elementwise truncf), or src itself when el is f32."""
-    if el == "f32":
-        return src
-    n = len(dims)
-    ident = _map(n, ", ".join(f"d{i}" for i in range(n)))
-    out = _empty(b, dims, el, dyn)
-    return _generic(b, [(src, _tt(dims, "f32"), ident)], [(out, _tt(dims, el), ident)], ["parallel"] * n,
-                    [f"%r = arith.truncf %a : f32 to {el}", f"linalg.yield %r : {el}"], [("%a", "f32"), ("%o", el)])
+_tt, _Body, _map, _generic = tt, Body, amap, generic
+_to_f32_lines, _from_f32_lines, _empty, _filled, _round = to_f32_lines, from_f32_lines, empty, filled, round_to
 
 
 # ------------------------------------------------------------------------------- MXFP4 decode body
@@ -314,8 +248,13 @@ def _matmul_func(fname: str, v: OpView) -> str:
     b = _Body()
     c0 = b.const(0, "index")
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
-    mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
-    rounded = _round(b, mm, [None, k, n], xel, [T])
+    if _layout(v) == cpu_grouped.LAYOUT:
+        bias = ("%bias", str(ts[4].element_type)) if has_bias else None
+        ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
+        rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
+    else:
+        mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
+        rounded = _round(b, mm, [None, k, n], xel, [T])
     if v.name == "mxmoe.grouped_matmul":
         result, rt = rounded, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
@@ -364,19 +303,26 @@ _EMITTERS = {
 }
 
 LAYOUT_ATTR = "mxmoe.layout"
-SUPPORTED_LAYOUTS = ("mxfp4-rowmajor",)
+ROW_MAJOR = "mxfp4-rowmajor"
+SUPPORTED_LAYOUTS = (ROW_MAJOR, cpu_grouped.LAYOUT)
+
+
+def _layout(v: OpView) -> str:
+    """The op's weight layout (an op without the attribute is read as row-major)."""
+    return dialect.py_attr(v.op.attributes[LAYOUT_ATTR]) if LAYOUT_ATTR in v.op.attributes else ROW_MAJOR
 
 
 def _check_layout(v: OpView) -> None:
-    if v.name.startswith("mxmoe.grouped_matmul") and LAYOUT_ATTR in v.op.attributes:
-        layout = dialect.py_attr(v.op.attributes[LAYOUT_ATTR])
+    if v.name.startswith("mxmoe.grouped_matmul"):
+        layout = _layout(v)
         if layout not in SUPPORTED_LAYOUTS:
             v.fail(f"weight layout '{layout}' has no linalg lowering (supported: {', '.join(SUPPORTED_LAYOUTS)})")
 
 
 def _signature_key(op: ir.Operation) -> str:
+    # the layout is part of the key: it selects the lowering strategy
     text = op.name + "|" + "|".join(str(o.type) for o in op.operands) + "|" + "|".join(
-        f"{n}={op.attributes[n]}" for n in op.attributes if n != LAYOUT_ATTR)
+        f"{n}={op.attributes[n]}" for n in op.attributes)
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 

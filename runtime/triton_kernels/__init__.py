@@ -1,5 +1,10 @@
 """NVIDIA (Triton) kernels for MXFP4 MoE layers: routing, grouping by expert, the two grouped
-MXFP4 GEMMs with fused GLU / combine, and ahead-of-time compilation of all of them."""
+MXFP4 GEMMs with fused GLU / combine, and ahead-of-time compilation of all of them.
+
+The compiler drives them through a kernel plan (:mod:`.kernel_plan`, built by
+``mxmoe.compiler.triton_plan``, compiled by :func:`.aot.compile_plan`, run by
+``mxmoe.runtime.triton_executor``); the ``route`` / ``group_by_expert`` / ``moe_forward`` functions
+here launch the same kernels directly on tensors (tests, experiments)."""
 
 from .aot import aot_compile
 from .grouping import ExpertGroups, group_by_expert

@@ -12,22 +12,29 @@ import triton.language as tl
 
 
 @triton.jit
-def _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
-                 N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
-    """Packed values [BLOCK_K/2, BLOCK_N] and scales [BLOCK_N, BLOCK_K/32] of one expert's columns."""
+def _value_tile(w_ptr, expert, cols, col_mask, k0,
+                N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
+    """Packed values [BLOCK_K/2, BLOCK_N] of one expert's columns (two e2m1 codes a byte, along K)."""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
-    s_base = s_ptr + expert.to(tl.int64) * (N * K // 32)
     if K_CONTIGUOUS:
         w_offs = cols[None, :] * (K // 2) + kb[:, None]
-        s_offs = cols[:, None] * (K // 32) + ks[None, :]
     else:
         w_offs = kb[:, None] * N + cols[None, :]
+    return tl.load(w_base + w_offs, mask=(kb[:, None] < K // 2) & col_mask[None, :], other=0)
+
+
+@triton.jit
+def _scale_tile(s_ptr, expert, cols, col_mask, k0,
+                N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
+    """e8m0 scales [BLOCK_N, BLOCK_K/32] of one expert's columns; 127 (= 1.0) past K."""
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s_base = s_ptr + expert.to(tl.int64) * (N * K // 32)
+    if K_CONTIGUOUS:
+        s_offs = cols[:, None] * (K // 32) + ks[None, :]
+    else:
         s_offs = ks[None, :] * N + cols[:, None]
-    w = tl.load(w_base + w_offs, mask=(kb[:, None] < K // 2) & col_mask[None, :], other=0)
-    s = tl.load(s_base + s_offs, mask=col_mask[:, None] & (ks[None, :] < K // 32), other=127)
-    return w, s
+    return tl.load(s_base + s_offs, mask=col_mask[:, None] & (ks[None, :] < K // 32), other=127)
 
 
 @triton.jit
@@ -67,11 +74,16 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
     x_rows = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # The scale rows are too short for Triton's async-copy pipelining (BLOCK_K/32 bytes), so they
+    # are prefetched one K step ahead by hand instead of stalling every step on a global load.
+    s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
     for k0 in range(0, HIDDEN, BLOCK_K):
+        s = s_next
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K,
+                             2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
-        w, s = _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
-                            2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+        w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
@@ -109,11 +121,13 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
     for k0 in range(0, INTERMEDIATE, BLOCK_K):
+        s = s_next  # prefetched one K step ahead, as in glu_gemm_kernel
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
-        w, s = _weight_tile(w_ptr, s_ptr, expert, cols, col_mask, k0,
-                            HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+        w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]

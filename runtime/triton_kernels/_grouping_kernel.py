@@ -53,3 +53,82 @@ def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_
         valid = b < num_blocks
         tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
         tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)
+
+
+# ----------------------------------------------------------------- the same grouping, in parallel
+# For many tokens the one-program kernel above is the bottleneck (it walks every pair twice on one
+# SM). These three kernels compute the same result (same stable order, same block map): per-chunk
+# histograms in parallel, one small scan, then a parallel scatter.
+
+@triton.jit
+def chunk_histogram_kernel(ids_ptr, chunk_counts_ptr, num_pairs,
+                           EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """chunk_counts[c, e] = number of pairs of expert e among pairs [c*CHUNK, (c+1)*CHUNK)."""
+    c = tl.program_id(0)
+    experts = tl.arange(0, EXPERTS_POW2)
+    counts = tl.zeros([EXPERTS_POW2], tl.int32)
+    for start in range(0, CHUNK, SUB):
+        pairs = c * CHUNK + start + tl.arange(0, SUB)
+        ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(chunk_counts_ptr + c * EXPERTS_POW2 + experts, counts)
+
+
+@triton.jit
+def chunk_scan_kernel(chunk_counts_ptr, chunk_offsets_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                      num_chunks, num_blocks,
+                      NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SUB: tl.constexpr):
+    """One program: expert offsets, each chunk's first sorted row per expert (chunk_offsets [NC, E]),
+    and the block map, exactly as ``group_by_expert_kernel`` lays them out."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    lanes = tl.arange(0, SUB)
+    counts = tl.zeros([EXPERTS_POW2], tl.int32)
+    for c0 in range(0, num_chunks, SUB):
+        chunks = c0 + lanes
+        tile = tl.load(chunk_counts_ptr + chunks[:, None] * EXPERTS_POW2 + experts[None, :],
+                       mask=(chunks < num_chunks)[:, None], other=0)
+        counts += tl.sum(tile, axis=0)
+    ends = tl.cumsum(counts, axis=0)
+    begins = ends - counts
+    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
+    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+
+    running = begins
+    for c0 in range(0, num_chunks, SUB):
+        chunks = c0 + lanes
+        mask = (chunks < num_chunks)[:, None]
+        offs = chunks[:, None] * EXPERTS_POW2 + experts[None, :]
+        tile = tl.load(chunk_counts_ptr + offs, mask=mask, other=0)
+        before = tl.cumsum(tile, axis=0) - tile
+        tl.store(chunk_offsets_ptr + offs, running[None, :] + before, mask=mask)
+        running += tl.sum(tile, axis=0)
+
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_ends = tl.cumsum(blocks, axis=0)
+    row_shift = begins - (block_ends - blocks) * BLOCK_M
+    for start in range(0, num_blocks, SUB):
+        b = start + lanes
+        owner = tl.sum((block_ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        shift = tl.sum(tl.where(experts[None, :] == owner[:, None], row_shift[None, :], 0), axis=1)
+        valid = b < num_blocks
+        tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
+        tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)
+
+
+@triton.jit
+def chunk_scatter_kernel(ids_ptr, chunk_offsets_ptr, sorted_pairs_ptr, num_pairs,
+                         EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Place chunk c's pairs: sorted row = the chunk's first row for the expert + rank within the chunk."""
+    c = tl.program_id(0)
+    experts = tl.arange(0, EXPERTS_POW2)
+    placed = tl.load(chunk_offsets_ptr + c * EXPERTS_POW2 + experts)
+    for start in range(0, CHUNK, SUB):
+        pairs = c * CHUNK + start + tl.arange(0, SUB)
+        valid = pairs < num_pairs
+        ids = tl.load(ids_ptr + pairs, mask=valid, other=-1)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0) - onehot
+        dest = tl.sum(onehot * (rank + placed[None, :]), axis=1)
+        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid)
+        placed += tl.sum(onehot, axis=0)

@@ -32,10 +32,19 @@ class KernelLaunch:
     dynamic_ints: frozenset[str] = field(default_factory=frozenset)
 
     def launch(self) -> None:
+        """Run on the tensors' device: compiled on CUDA, under Triton's interpreter on CPU tensors."""
         if self.grid and min(self.grid) == 0:
             return
-        self.kernel[self.grid](*self.args.values(), **self.constexprs,
-                               num_warps=self.num_warps, num_stages=self.num_stages)
+        on_cpu = any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in self.args.values())
+        if not on_cpu:
+            self.kernel[self.grid](*self.args.values(), **self.constexprs,
+                                   num_warps=self.num_warps, num_stages=self.num_stages)
+            return
+        from .kernels import interpreted, interpreter_scope
+
+        with interpreter_scope():
+            interpreted(self.kernel)[self.grid](*self.args.values(), **self.constexprs,
+                                                num_warps=self.num_warps, num_stages=self.num_stages)
 
     def signature(self) -> tuple[dict[str, str], dict[tuple[int, ...], list]]:
         """(signature, attrs) in the form ``triton.compiler.ASTSource`` takes (Triton 3.6 to 3.9).

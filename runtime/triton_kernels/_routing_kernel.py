@@ -1,4 +1,5 @@
-"""Triton kernels behind :mod:`.routing`: top-k + softmax on logits, optionally fused with the router linear."""
+"""Triton kernels behind :mod:`.routing` and the router of a kernel plan: the router linear (split along H),
+and top-k + softmax on the logits."""
 
 import triton
 import triton.language as tl
@@ -59,32 +60,58 @@ def route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens,
 
 
 @triton.jit
-def router_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
-                  HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
-                  EXPERTS_POW2: tl.constexpr, SLOTS_POW2: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ROUND_LOGITS_BF16: tl.constexpr, IEEE_FP32: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr):
-    """The whole router in one kernel: logits = x @ w^T + b for BLOCK_T tokens, then top-k + softmax.
+def router_gemm_kernel(x_ptr, w_ptr, partial_ptr, num_tokens,
+                       HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                       H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Router logits, split along H: program (i, s) writes partial[s, tokens of block i, :] =
+    x[:, s*H_PER_SPLIT : (s+1)*H_PER_SPLIT] @ w[:, same]^T in fp32.
 
-    x [T, H] and the router weight w [E, H] share a dtype (bf16, or fp32 with IEEE_FP32 for a
-    full-precision dot); the bias is added in fp32. ROUND_LOGITS_BF16 rounds the logits to bf16
-    before selection, as the layer's bf16 ``F.linear`` does, so near-ties resolve the same way.
+    Splitting H gives the router enough programs to stream its weight at full bandwidth when there
+    are few tokens; the partial sums are added in a fixed order by :func:`route_partials_kernel`, so
+    the logits (and the routing) are the same on every run. x [T, H] and w [E, H] share a dtype:
+    bf16 (upcast and multiplied with a tf32 dot: bf16 values are exact in tf32, so products are the
+    bf16 products, summed in fp32; Triton 3.9's interpreter also mis-multiplies bf16 dots), or fp32
+    with IEEE_FP32 for a full-precision dot.
     """
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    split = tl.program_id(1)
+    experts = tl.arange(0, EXPERTS_POW2)
+    rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
+    expert_mask = experts < NUM_EXPERTS
+    acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
+    for h0 in range(0, H_PER_SPLIT, BLOCK_H):
+        h = split * H_PER_SPLIT + h0 + tl.arange(0, BLOCK_H)
+        h_mask = (h < HIDDEN) & (h0 + tl.arange(0, BLOCK_H) < H_PER_SPLIT)
+        x = tl.load(x_ptr + rows[:, None] * HIDDEN + h[None, :], mask=h_mask[None, :], other=0.0)
+        w = tl.load(w_ptr + experts[None, :] * HIDDEN + h[:, None], mask=expert_mask[None, :] & h_mask[:, None],
+                    other=0.0)
+        if IEEE_FP32:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="tf32")
+    out = partial_ptr + (split.to(tl.int64) * num_tokens + tokens.to(tl.int64))[:, None] * EXPERTS_POW2 \
+        + experts[None, :]
+    tl.store(out, acc, mask=(tokens < num_tokens)[:, None])
+
+
+@triton.jit
+def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
+                          NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                          SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+                          SOFTMAX_OVER_ALL: tl.constexpr):
+    """Top-k + softmax of the router logits, in one kernel: logits = sum of the SPLITS partials (in
+    order) + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (as the layer's bf16 ``F.linear``
+    rounds them, so near-ties resolve the same way), then :func:`_select_and_store`."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, EXPERTS_POW2)
     token_mask = tokens < num_tokens
     rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
     expert_mask = experts < NUM_EXPERTS
     acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
-    for h0 in range(0, HIDDEN, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)
-        x = tl.load(x_ptr + rows[:, None] * HIDDEN + h[None, :], mask=h[None, :] < HIDDEN, other=0.0)
-        w = tl.load(w_ptr + experts[None, :] * HIDDEN + h[:, None],
-                    mask=expert_mask[None, :] & (h[:, None] < HIDDEN), other=0.0)
-        if IEEE_FP32:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :])
     if HAS_BIAS:
         acc += tl.load(b_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
     if ROUND_LOGITS_BF16:

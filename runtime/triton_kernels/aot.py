@@ -63,3 +63,94 @@ def aot_compile(arch: int, *, num_experts: int, top_k: int, hidden: int, interme
         activation=activation, alpha=alpha, limit=limit, interleaved=interleaved, layout=layout,
         config=config, arch=arch)
     return {launch.name: compile_launch(launch, arch).asm["cubin"] for launch in plan.launches}
+
+
+# ------------------------------------------------------------------------------ kernel plans
+def _plan_source(plan, entry: dict):
+    """ASTSource for one plan kernel entry, checking its args against the kernel's parameters."""
+    from .kernel_plan import PlanError, arg_type
+    from .kernels import get_kernel
+
+    fn = get_kernel(entry["kernel"], interpret=False)
+    runtime_args = [a["name"] for a in entry["args"]]
+    expected = [n for n in fn.arg_names if n not in entry["constexprs"]]
+    if runtime_args != expected or set(entry["constexprs"]) - set(fn.arg_names):
+        raise PlanError(f"plan kernel {entry['kernel']}: arguments {runtime_args} + constexprs "
+                        f"{sorted(entry['constexprs'])} do not match the kernel's parameters {fn.arg_names}")
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in entry["constexprs"]:
+            signature[name] = "constexpr"
+            continue
+        arg = entry["args"][runtime_args.index(name)]
+        ty = arg_type(plan, arg)
+        signature[name] = ty
+        if ty.startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]  # the executor only passes 16-byte aligned pointers
+    return ASTSource(fn=fn, signature=signature, constexprs=dict(entry["constexprs"]), attrs=attrs)
+
+
+def compile_plan(plan, arch: int | None = None) -> tuple[dict[str, bytes], dict[str, dict]]:
+    """Cubins of every kernel in a kernel plan, and their launch metadata, for ``sm_<arch>``.
+
+    Returns ({entry name: cubin bytes}, {entry name: {"function", "num_warps", "shared",
+    "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
+    "triton"}}). Runs without a GPU.
+    """
+    import os
+
+    from .kernels import standard_library_is_compiled
+
+    arch = int(plan["arch"] if arch is None else arch)
+    if arch not in (90, 100):
+        raise ValueError(f"arch must be 90 or 100, got {arch}")
+    if not standard_library_is_compiled():
+        return _compile_plan_in_subprocess(plan, arch)
+    binaries, meta = {}, {}
+    saved = os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels even inside an interpreter run
+    try:
+        for name, entry in plan["kernels"].items():
+            compiled = triton.compile(_plan_source(plan, entry), target=GPUTarget("cuda", arch, 32),
+                                      options=dict(num_warps=entry["num_warps"], num_stages=entry["num_stages"],
+                                                  enable_fp_fusion=True))  # the JIT default
+            binaries[name] = bytes(compiled.asm["cubin"])
+            md = compiled.metadata
+            meta[name] = {
+                "function": md.name, "num_warps": int(md.num_warps), "num_ctas": int(getattr(md, "num_ctas", 1)),
+                "shared": int(md.shared),
+                "global_scratch_size": int(getattr(md, "global_scratch_size", 0) or 0),
+                "global_scratch_align": int(getattr(md, "global_scratch_align", 1) or 1),
+                "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0) or 0),
+                "profile_scratch_align": int(getattr(md, "profile_scratch_align", 1) or 1),
+                "triton": triton.__version__,
+            }
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    return binaries, meta
+
+
+_SUBPROCESS = """
+import json, pickle, sys
+from mxmoe.runtime.triton_kernels.aot import compile_plan
+plan = json.load(sys.stdin)
+sys.stdout.buffer.write(pickle.dumps(compile_plan(plan, int(sys.argv[1]))))
+"""
+
+
+def _compile_plan_in_subprocess(plan, arch: int):
+    """This process imported Triton with TRITON_INTERPRET set, so ``triton.language``'s own helpers are
+    interpreted and cannot be compiled: compile in a fresh interpreter without the variable."""
+    import json
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _SUBPROCESS, str(arch)], input=json.dumps(plan).encode(),
+                          capture_output=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"AOT compilation for sm_{arch} failed in a subprocess: {tail[0]}")
+    return pickle.loads(proc.stdout)

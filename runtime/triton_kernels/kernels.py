@@ -14,12 +14,17 @@ import importlib
 import importlib.util
 import os
 import threading
+from contextlib import contextmanager
 
 #: plan kernel name -> (module inside this package, function)
 KERNELS: dict[str, tuple[str, str]] = {
-    "router": ("_routing_kernel", "router_kernel"),
+    "router_gemm": ("_routing_kernel", "router_gemm_kernel"),
+    "route_partials": ("_routing_kernel", "route_partials_kernel"),
     "route": ("_routing_kernel", "route_kernel"),
     "group_by_expert": ("_grouping_kernel", "group_by_expert_kernel"),
+    "chunk_histogram": ("_grouping_kernel", "chunk_histogram_kernel"),
+    "chunk_scan": ("_grouping_kernel", "chunk_scan_kernel"),
+    "chunk_scatter": ("_grouping_kernel", "chunk_scatter_kernel"),
     "glu_gemm": ("_gemm_kernels", "glu_gemm_kernel"),
     "combine_gemm": ("_gemm_kernels", "combine_gemm_kernel"),
     "cast": ("_gemm_kernels", "cast_kernel"),
@@ -27,6 +32,8 @@ KERNELS: dict[str, tuple[str, str]] = {
 
 _copies: dict[tuple[str, bool], object] = {}
 _lock = threading.Lock()
+_run_lock = threading.RLock()
+_interpreted_helpers: dict[object, object] = {}
 
 
 def _is_interpreted(fn) -> bool:
@@ -74,6 +81,69 @@ def get_kernel(name: str, interpret: bool = False):
     return getattr(_module(mod, interpret), fn)
 
 
+def interpreted(kernel):
+    """The interpreted twin of a kernel of this package (``kernel`` itself if it already is one)."""
+    if _is_interpreted(kernel):
+        return kernel
+    module = kernel.fn.__module__.rsplit(".", 1)[-1]
+    if module not in {m for m, _ in KERNELS.values()}:
+        raise KeyError(f"{kernel.fn.__module__}.{kernel.fn.__name__} is not an mxmoe kernel")
+    return getattr(_module(module, interpret=True), kernel.fn.__name__)
+
+
 def arg_names(name: str) -> list[str]:
     """Parameter names of kernel ``name`` in order (run-time args and constexprs alike)."""
     return list(get_kernel(name, interpret=False).arg_names)
+
+
+@contextmanager
+def interpreter_scope():
+    """Run interpreted kernels inside this scope.
+
+    Triton's own helpers (``tl.argmax``, ``tl.sigmoid``, ``tl.cumsum``, ...) are ``@jit`` functions
+    too, decorated when ``triton`` was imported; in a process that imported it without
+    ``TRITON_INTERPRET`` they are ``JITFunction`` objects, which refuse to be called from Python. For
+    the scope's duration a call to one runs its Python body under the interpreter instead (what an
+    ``InterpretedFunction`` does). Scopes are serialised: the switch is process-wide.
+    """
+    from triton.runtime import interpreter
+    from triton.runtime.interpreter import InterpretedFunction, InterpreterError
+    from triton.runtime.jit import JITFunction
+
+    def device_call(helper, args, kwargs):
+        # What InterpretedFunction.__call__ does for a device function, except that the patches it
+        # applies to triton.language are undone afterwards (Triton leaves them in place, which breaks
+        # every later compilation in this process).
+        scope = interpreter._patch_lang(helper.fn)
+        try:
+            return helper.rewrite()(*args, **kwargs)
+        except InterpreterError:
+            raise
+        except Exception as e:
+            raise InterpreterError(repr(e)) from e
+        finally:
+            scope.restore()
+
+    with _run_lock:
+        original_jit, original_interp = JITFunction.__call__, InterpretedFunction.__call__
+
+        def jit_call(self, *args, **kwargs):
+            helper = _interpreted_helpers.get(id(self))  # JITFunction.__hash__ would parse its source
+            if helper is None:
+                helper = _interpreted_helpers.setdefault(id(self), InterpretedFunction(self.fn))
+            return device_call(helper, args, kwargs)
+
+        JITFunction.__call__ = jit_call
+        InterpretedFunction.__call__ = lambda self, *args, **kwargs: device_call(self, args, kwargs)
+        try:
+            yield
+        finally:
+            JITFunction.__call__, InterpretedFunction.__call__ = original_jit, original_interp
+
+
+def standard_library_is_compiled() -> bool:
+    """Whether ``triton.language``'s own @jit helpers are real JITFunctions (needed to compile kernels)."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(tl.standard.sigmoid, JITFunction)

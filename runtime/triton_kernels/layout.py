@@ -57,3 +57,8 @@ ROW_MAJOR = WeightLayout("row_major_nk", k_contiguous=True)
 COL_MAJOR = WeightLayout("col_major_kn", k_contiguous=False)
 
 LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}
+
+#: The layout the compiler assigns for cuda targets (``mxfp4-kmajor`` in compiler.targets): the
+#: checkpoint's K-contiguous order, so its transform is the identity and scales stay [E, N, K/32].
+KMAJOR = WeightLayout("triton-mxfp4-kmajor", k_contiguous=True)
+LAYOUTS[KMAJOR.name] = KMAJOR

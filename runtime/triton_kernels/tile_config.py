@@ -36,27 +36,55 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -> TileConfig:
-    """Tile shape for a grouped GEMM with output width ``N`` and reduction depth ``K``.
+#: Shape classes by token count, in order: (name, largest token count of the class or None).
+#: A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
+SHAPE_CLASSES: tuple[tuple[str, int | None], ...] = (("decode", DECODE_MAX_TOKENS), ("mid", 1024), ("prefill", None))
 
-    BLOCK_M depends only on ``num_tokens`` (never on N or K) so the w13 and w2 GEMMs of one forward
-    agree on it: both read the same per-block expert map. ``top_k`` is accepted for the signature's
-    sake; the class boundary is on tokens because with E >> k each expert sees ~T*k/E rows.
+
+def shape_class(num_tokens: int) -> str:
+    """Name of the class a token count falls in (see :data:`SHAPE_CLASSES`)."""
+    for name, limit in SHAPE_CLASSES:
+        if limit is None or num_tokens <= limit:
+            return name
+    raise AssertionError("unreachable: the last class is unbounded")
+
+
+def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
+    """Tile shape of class ``name`` for a grouped GEMM with output width ``N`` and reduction depth ``K``.
+
+    BLOCK_M depends only on the class (never on N or K) so the w13 and w2 GEMMs of one forward
+    agree on it: both read the same per-block expert map.
     """
-    del top_k  # see docstring
-    decode = num_tokens <= DECODE_MAX_TOKENS
-    if decode:
+    # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
+    # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
+    if name == "decode":
         # Few rows per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
-        # CTAs (narrow N) and issue long K loads.
-        block_m, block_n, block_k, warps, stages = 16, 64, 256, 4, 4
-    elif num_tokens <= 1024:
-        block_m, block_n, block_k, warps, stages = 64, 128, 128, 4, 3
+        # small CTAs (narrow N, 2 warps) and issue long K loads.
+        block_m, block_n, block_k, warps, stages = 16, 32, 256, 2, 4
+    elif name == "mid":
+        # K=64 / 4 stages: 10-14% faster than K=128 / 3 stages at 512 tokens.
+        block_m, block_n, block_k, warps, stages = 64, 128, 64, 4, 4
+    elif name == "prefill":
+        # K=64 / 4 warps / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens.
+        block_m, block_n, block_k, warps, stages = 128, 128, 64, 4, 4
     else:
-        block_m, block_n, block_k, warps, stages = 128, 128, 128, 8, 3
-    if arch >= 100 and not decode:
+        raise ValueError(f"unknown shape class {name!r} (known: {', '.join(n for n, _ in SHAPE_CLASSES)})")
+    if arch >= 100 and name != "decode":
         # Blackwell's native MXFP4 MMA likes wide N tiles; the operands stay within shared memory.
+        # (Compile-only here: no Blackwell GPU has run these.)
         block_n = 256 if N >= 256 else block_n
+        warps = max(warps, 8)
     # Don't tile far past tiny problems (tests, small models).
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
     return TileConfig(block_m, block_n, block_k, warps, stages)
+
+
+def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -> TileConfig:
+    """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class.
+
+    ``top_k`` is accepted for the signature's sake; the class boundary is on tokens because with
+    E >> k each expert sees ~T*k/E rows.
+    """
+    del top_k  # see docstring
+    return class_config(shape_class(num_tokens), N, K, arch)

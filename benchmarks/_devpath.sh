@@ -1,0 +1,8 @@
+# Source on a machine without `pip install -e .`: exposes the repo as the `mxmoe` package
+# (pyproject's package-dir mapping) through a symlink tree in /tmp/mxmoe_path.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+P=/tmp/mxmoe_path/mxmoe
+rm -rf /tmp/mxmoe_path && mkdir -p "$P"
+for f in "$ROOT"/mxmoe/*; do ln -s "$f" "$P/$(basename "$f")"; done
+ln -s "$ROOT/compiler" "$P/compiler"; ln -s "$ROOT/runtime" "$P/runtime"; ln -s "$ROOT/torch_frontend" "$P/torch_frontend"
+export PYTHONPATH=/tmp/mxmoe_path${PYTHONPATH:+:$PYTHONPATH}

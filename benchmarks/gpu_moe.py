@@ -1,0 +1,330 @@
+"""GPU benchmark of the Triton path: gpt-oss-20b / -120b MoE layers on one NVIDIA GPU.
+
+Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
+
+  # on a machine with the compiler (no GPU needed): kernel plans + sm_90 cubins, no weights
+  python benchmarks/gpu_moe.py --build build/gpu_plans [--arch 90]
+  # on the GPU machine (torch + triton; the repo importable as mxmoe, see benchmarks/_devpath.sh)
+  python benchmarks/gpu_moe.py --plans build/gpu_plans [--models gpt-oss-20b,gpt-oss-120b]
+
+Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router, captured in a CUDA
+graph for T <= 512), the torch baseline in the same run (router + top-k, then the selected experts
+dequantized to bf16 and run through ``torch._grouped_mm``, or a per-expert loop where that is
+missing), bytes moved (selected experts' MXFP4 weights + scales + biases, router, activations in and
+out, the [T*k, I] intermediate written and read) and % of the measured HBM bandwidth, FLOPs
+(router + both expert GEMMs) and % of the measured dense bf16 peak. Routing: "uniform" (random
+router) and "skewed" (router bias favouring a few experts: about half of all picks go to 1/8 of
+the experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+MODELS = ("gpt-oss-20b", "gpt-oss-120b")
+TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
+# ------------------------------------------------------------------------------------------ build
+def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
+    import torch
+
+    import mxmoe
+    from mxmoe.runtime.triton_kernels.kernel_plan import write_bundle
+    from mxmoe.torch_frontend import MoE
+
+    for name in MODELS:
+        # Plans depend only on shapes and semantics: a small-seeded random layer of the right shape.
+        layer = MoE.random(name, seed=0)
+        cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),))
+        write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
+        print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
+        for cls, gemm, bn, bk, w, st in variants:  # AOT-compiled tile variants, to time what ships
+            from mxmoe.runtime.triton_kernels.aot import compile_plan
+
+            plan = retile(cm.kernel_plan, cls, gemm, bn, bk, w, st)
+            binaries, plan["cubins"] = compile_plan(plan)
+            vname = f"{name}@{cls}-{gemm}-{bn}-{bk}-{w}-{st}"
+            write_bundle(os.path.join(out_dir, vname), plan, binaries)
+            print(f"{vname}: {len(binaries)} cubins", flush=True)
+
+
+# ------------------------------------------------------------------------------------------- run
+def params_from_layer(plan, layer):
+    """The plan's parameters from an mxmoe MoE layer's buffers. Valid because the plan's layout
+    (triton-mxfp4-kmajor) is the checkpoint order and gpt-oss dims need no padding; the executor
+    checks every shape against the plan."""
+    assert plan["layer"]["layout"] == "triton-mxfp4-kmajor", plan["layer"]["layout"]
+    return {g: getattr(layer, spec["operand"]) for g, spec in plan["parameters"].items()}
+
+
+def measure_bandwidth(torch) -> float:
+    """Device copy bandwidth (read + write bytes / s) over 1 GiB."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_cuda(torch, lambda: dst.copy_(src), iters=20)
+    return 2 * src.numel() / t
+
+
+def measure_bf16_peak(torch) -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = time_cuda(torch, lambda: a @ b, iters=20)
+    return 2 * 8192 ** 3 / t
+
+
+def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False) -> float:
+    """Median seconds per call (CUDA events around each call); ``graph`` replays a captured CUDA graph."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        call = g.replay
+        for _ in range(3):
+            call()
+    else:
+        call = fn
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def dequant_lut(torch, device):
+    return torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6],
+                        dtype=torch.bfloat16, device=device)
+
+
+BASELINE = {"gemm": "torch._grouped_mm"}
+
+
+def torch_baseline(torch, F, layer, x, lut):
+    """Router + top-k in torch, then only the selected experts dequantized to bf16 and a grouped GEMM."""
+    cfg = layer.config
+    logits = F.linear(x, layer.router_weight, layer.router_bias).float()
+    top, ids = logits.topk(cfg.top_k, dim=-1)
+    weights = torch.softmax(top, dim=-1)
+    flat = ids.flatten()
+    used, counts = torch.unique(flat, return_counts=True)
+    order = torch.argsort(flat, stable=True)
+    tokens = order // cfg.top_k
+
+    def deq(w, s):  # [n, N, K/2] codes, [n, N, K/32] e8m0 -> [n, N, K] bf16
+        codes = torch.stack([w & 0xF, w >> 4], -1).flatten(-2).long()
+        scale = torch.exp2(s.float() - 127).to(torch.bfloat16).repeat_interleave(32, -1)
+        return lut[codes] * scale
+
+    w13 = deq(layer.w13[used], layer.w13_scale[used])  # [n, 2I, H]
+    w2 = deq(layer.w2[used], layer.w2_scale[used])  # [n, H, I]
+    xs = x[tokens]
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+
+    def grouped(a, w):  # rows of a grouped by expert, w [n, N, K] -> [rows, N]
+        if BASELINE["gemm"] == "torch._grouped_mm":
+            try:
+                return torch._grouped_mm(a, w.transpose(1, 2), offs=offs)
+            except (RuntimeError, AttributeError, TypeError) as e:
+                BASELINE["gemm"] = f"per-expert loop ({type(e).__name__} from _grouped_mm)"
+        return torch.cat([p @ q.T for p, q in zip(a.split(counts.tolist()), w)])
+
+    h = grouped(xs, w13)
+    h = h.float() + layer.w13_bias[used].float().repeat_interleave(counts, 0)
+    gate, up = h[:, 0::2].clamp(max=cfg.swiglu_limit), h[:, 1::2].clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
+    a = ((up + 1) * gate * torch.sigmoid(cfg.swiglu_alpha * gate)).to(torch.bfloat16)
+    y = grouped(a, w2)
+    y = (y.float() + layer.w2_bias[used].float().repeat_interleave(counts, 0)) * weights.flatten()[order, None]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, tokens, y)
+    return out.to(x.dtype)
+
+
+def skew_router(torch, layer, gen):
+    """Add a bias favouring 1/8 of the experts strongly enough that ~half of all picks land there."""
+    e = layer.config.num_experts
+    bias = torch.zeros(e)
+    hot = torch.randperm(e, generator=gen)[: max(1, e // 8)]
+    bias[hot] = 1.5 * float(layer.router_weight.float().norm(dim=1).mean())  # ~ the logits std
+    layer.router_bias.add_(bias.to(layer.router_bias))
+
+
+def run(plans_dir: str, models: list[str], tokens: list[int], check: bool) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from mxmoe.runtime.triton_executor import TritonExecutor
+    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.torch_frontend import MoE
+
+    dev = torch.cuda.get_device_name()
+    bw = measure_bandwidth(torch)
+    peak = measure_bf16_peak(torch)
+    print(f"device: {dev}; measured copy bandwidth {bw / 1e12:.2f} TB/s; dense bf16 {peak / 1e12:.0f} TFLOP/s",
+          flush=True)
+    lut = dequant_lut(torch, "cuda")
+    header = (f"| model | routing | T | mode | mxmoe us | torch us | speedup | GB moved | % HBM | TFLOP | "
+              f"% bf16 peak | max err |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for name in models:
+        plan, binaries = read_bundle(os.path.join(plans_dir, name))
+        layer = MoE.random(name, seed=0).cuda()
+        for routing in ("uniform", "skewed"):
+            gen = torch.Generator().manual_seed(1)
+            if routing == "skewed":
+                skew_router(torch, layer, gen)
+            ex = TritonExecutor(plan, params_from_layer(plan, layer), binaries)
+            cfg = layer.config
+            E, k, H, I = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate
+            for T in tokens:
+                x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+                with torch.no_grad():
+                    ids = F.linear(x, layer.router_weight, layer.router_bias).float().topk(k, dim=-1).indices
+                    used = int(torch.unique(ids).numel())
+                    out = ex(x)
+                    ref = torch_baseline(torch, F, layer, x, lut)
+                    err = float((out.float() - ref.float()).abs().max()) if check else float("nan")
+                t_mx = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50 if T <= 4096 else 20)
+                t_th = time_cuda(torch, lambda: torch_baseline(torch, F, layer, x, lut), iters=20 if T <= 4096 else 10)
+                expert_bytes = used * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32 + (2 * I + H) * 2)
+                moved = expert_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
+                flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * E * H
+                print(f"| {name} | {routing} | {T} | {ex.mode}{'+graph' if T <= 512 else ''} | {t_mx * 1e6:.1f} | "
+                      f"{t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
+                      f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} |", flush=True)
+            del ex
+        del layer
+        torch.cuda.empty_cache()
+    print(f"torch baseline GEMM: {BASELINE['gemm']}")
+
+
+def breakdown(plans_dir: str, models: list[str], tokens: list[int], mode: str = "auto") -> None:
+    """Median time of each launch of the plan (each replayed alone from a CUDA graph), per model and T."""
+    import torch
+
+    from mxmoe.runtime.triton_executor import TritonExecutor
+    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.torch_frontend import MoE
+
+    for name in models:
+        plan, binaries = read_bundle(os.path.join(plans_dir, name))
+        layer = MoE.random(name.split("@")[0], seed=0).cuda()
+        ex = TritonExecutor(plan, params_from_layer(plan, layer), binaries, mode=mode)
+        for T in tokens:
+            x = torch.randn(T, layer.config.hidden, device="cuda").to(torch.bfloat16)
+            print(f"{name} T={T} [{ex.mode}] " + launch_times(torch, ex, x), flush=True)
+        del ex, layer
+        torch.cuda.empty_cache()
+
+
+def launch_times(torch, ex, x) -> str:
+    specs, steps = ex._launches(x.shape[0])
+    buffers = {n: torch.zeros(s, dtype=d, device="cuda") for n, s, d, _ in specs}
+    parts, total = [], 0.0
+    for entry, grid, arg_specs in steps:
+        args = [x if k == "input" else buffers[r] if k == "buffer" else r for k, r in arg_specs]
+        t = time_cuda(torch, lambda: ex._launch(entry, grid, args), iters=30, graph=True)
+        total += t
+        parts.append(f"{entry}={t * 1e6:.1f}")
+    return f"sum={total * 1e6:.1f}us " + " ".join(parts)
+
+
+def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: int, stages: int):
+    """A copy of ``plan`` whose class ``cls_name`` runs GEMM ``gemm`` ("glu_gemm"/"combine_gemm") with
+    other tiles (BLOCK_M unchanged), for sweeps."""
+    import copy
+
+    plan = copy.deepcopy(plan)
+    cls = next(c for c in plan["classes"] if c["name"] == cls_name)
+    launch = next(lc for lc in cls["launches"] if plan["kernels"][lc["kernel"]]["kernel"] == gemm)
+    entry = copy.deepcopy(plan["kernels"][launch["kernel"]])
+    entry["constexprs"].update(BLOCK_N=block_n, BLOCK_K=block_k)
+    entry["num_warps"], entry["num_stages"] = warps, stages
+    new = f"{gemm}.sweep"
+    plan["kernels"][new] = entry
+    n = 2 * plan["layer"]["intermediate"] if gemm == "glu_gemm" else plan["layer"]["hidden"]
+    launch["kernel"], launch["grid"] = new, [launch["grid"][0], f"cdiv({n}, {block_n})"]
+    plan.pop("cubins", None)
+    return plan
+
+
+def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple]) -> None:
+    """JIT-time GEMM tile candidates (gemm, BLOCK_N, BLOCK_K, warps, stages) at each T."""
+    import torch
+
+    from mxmoe.runtime.triton_executor import TritonExecutor
+    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle, shape_class
+    from mxmoe.torch_frontend import MoE
+
+    plan, _ = read_bundle(os.path.join(plans_dir, name))
+    layer = MoE.random(name, seed=0).cuda()
+    params = params_from_layer(plan, layer)
+    for T in tokens:
+        x = torch.randn(T, layer.config.hidden, device="cuda").to(torch.bfloat16)
+        cls = shape_class(plan, T)["name"]
+        base = TritonExecutor(plan, params, mode="jit")
+        ref = base(x).float()
+        for gemm, bn, bk, w, st in candidates:
+            try:
+                ex = TritonExecutor(retile(plan, cls, gemm, bn, bk, w, st), params, mode="jit")
+                err = float((ex(x).float() - ref).abs().max())
+                specs, steps = ex._launches(T)
+                buffers = {n: torch.zeros(s, dtype=d, device="cuda") for n, s, d, _ in specs}
+                entry, grid, arg_specs = next(st_ for st_ in steps if st_[0] == f"{gemm}.sweep")
+                args = [x if k == "input" else buffers[r] if k == "buffer" else r for k, r in arg_specs]
+                t = time_cuda(torch, lambda: ex._launch(entry, grid, args), iters=30, graph=True)
+                print(f"sweep {name} T={T} {gemm} N={bn} K={bk} w={w} s={st}: {t * 1e6:.1f} us (err {err:.3g})",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001 - a sweep reports and moves on
+                print(f"sweep {name} T={T} {gemm} N={bn} K={bk} w={w} s={st}: FAILED {str(e).splitlines()[0][:120]}",
+                      flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", metavar="DIR", help="compile plans + cubins into DIR (CPU machine with the compiler)")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--variants", default="", help="with --build: extra AOT bundles with other GEMM tiles, "
+                    "'class:gemm:N:K:warps:stages;...' (named MODEL@class-gemm-N-K-warps-stages)")
+    ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
+    ap.add_argument("--breakdown", action="store_true", help="time each kernel launch instead of the table")
+    ap.add_argument("--mode", default="auto", help="executor mode for --breakdown (auto, cubin, jit)")
+    ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
+    args = ap.parse_args(argv)
+    if args.build:
+        variants = [(c[0], c[1], *map(int, c[2:])) for c in (v.split(":") for v in args.variants.split(";") if v)]
+        build(args.build, args.arch, variants)
+        return 0
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.breakdown:
+        breakdown(args.plans, args.models.split(","), tokens, args.mode)
+        return 0
+    if args.sweep:
+        cands = [(c[0], *map(int, c[1:])) for c in (c.split(":") for c in args.sweep.split(";") if c)]
+        for name in args.models.split(","):
+            sweep(args.plans, name, tokens, cands)
+        return 0
+    run(args.plans, args.models.split(","), tokens, not args.no_check)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The CPU schedule of a grouped MXFP4 matmul, for weights in the ``cpu-mxfp4-blocksplit`` layout.
+
+Row ``s = t*k + j`` of the grouped matmul is ``x[t] (or x[t, j]) @ dequant(w[ids[t, j]])^T (+ bias)``.
+Instead of gathering weight bytes per row (what a ``tensor.extract`` inside one big generic does), the
+rows are grouped by expert so that each used expert's weights are read once:
+
+1. *sort* (on the device, small generics): ``pos[s]`` = rank of ``(ids[s], s)`` among all slots,
+   ``order[p]`` its inverse, ``counts[e]`` / ``offsets[e]`` per expert and the list of used experts.
+   These are O(slots^2) and O(slots x E) integer compares: microseconds at 1 token, about a millisecond
+   at 2048 slots; never any weight traffic.
+2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies).
+3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
+   routing picked, so an expert no token chose costs nothing): the expert's weights are a
+   ``tensor.extract_slice`` of the parameter at a dynamic offset (no copy, no byte gather) and its rows
+   a slice of ``xs``. Two kernels, picked per expert from its row count:
+
+   * few rows (``count <= SMALL_ROWS``): a *lane matvec*: one linalg.generic whose body decodes the
+     e2m1 nibble and e8m0 scale with integer/bit ops and accumulates ``x * w`` into 8 independent f32
+     lanes per output (a parallel lane dimension over 8 contiguous K elements), so the inner loop is
+     plain 8-wide SIMD with no horizontal reduction; a second generic sums the lanes. Nothing
+     dequantized is ever written to memory. Its tile sizes are pinned with ``compilation_info``.
+   * many rows: the expert's weights are decoded once to f32 (an elementwise generic) and multiplied
+     with a contraction generic that IREE tiles and vectorizes as a matmul: decode cost amortized over
+     the rows. ``DECODE_FOR_MATMUL`` picks the decode: the integer one (default, faster here) or
+     ``arith.scaling_extf`` on ``iree_tensor_ext.bitcast`` f4E2M1FN / f8E8M0FNU views of the bytes,
+     read in storage order with the activations gathered in the matching order (docs/cpu.md has the
+     measurements).
+
+4. *unsort*: ``y[t, j] = ys[pos[t*k + j]]`` rounded to the activation type, then the fused epilogue
+   (GLU, or routing weights + combine) as in the reference.
+
+The blocksplit layout stores, in each 16-byte run of a row (one 32-value MXFP4 block), value ``b`` in
+the low nibble and value ``b + 16`` in the high nibble of byte ``b``, so that both nibble planes of 8
+consecutive bytes line up with 8 consecutive activations; scales and biases are row-major.
+"""
+
+from __future__ import annotations
+
+from mxmoe.compiler.passes.lowering import mxfp4
+from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, to_f32_lines, tt
+
+LAYOUT = "cpu-mxfp4-blocksplit"
+#: an expert with at most this many routed rows uses the lane matvec; more rows use decode + matmul
+SMALL_ROWS = 8
+#: lanes of the matvec (f32 accumulators per output row): one AVX2 vector
+LANES = 8
+#: "int" (bit-twiddling decode) or "scaling_extf" (arith.scaling_extf on bitcast f4/f8 views) for the
+#: decode-once kernel; see docs/cpu.md for the measurements behind the default.
+DECODE_FOR_MATMUL = "int"
+
+
+def _matvec_config(n: int) -> str:
+    """Pinned tiles for the lane matvec (IREE's default for it is 3-5x slower); none when N is not a
+    multiple of 32 (the target's padding normally guarantees it), so odd shapes get IREE's default."""
+    if n % 32:
+        return ""
+    rows = 64 if n % 64 == 0 else 32
+    return ("compilation_info = #iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+            f"distribution = [1, {rows}, {LANES}, 0, 0, 0], vector_common_parallel = [1, 4, {LANES}, 0, 0, 0], "
+            "vector_reduction = [0, 0, 0, 1, 1, 1]>, translation_info = #iree_codegen.translation_info<"
+            "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+def _lane_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: str, n: int, kk: int) -> str:
+    """[cnt, n] f32 = init + xe[cnt, kk] @ dequant(we)^T with the decode in the inner loop."""
+    kb, i1 = kk // 32, 16 // LANES
+    x5t = tt([None, kb, 2, i1, LANES], xel)
+    x5 = b.v(f"tensor.expand_shape {xe} [[0], [1, 2, 3, 4]] output_shape [{cnt}, {kb}, 2, {i1}, {LANES}] : "
+             f"{tt([None, kk], xel)} into {x5t}", "x")
+    w4t = tt([n, kb, i1, LANES], "i8")
+    w4 = b.v(f"tensor.expand_shape {we} [[0], [1, 2, 3]] output_shape [{n}, {kb}, {i1}, {LANES}] : "
+             f"{tt([n, kk // 2], 'i8')} into {w4t}", "w")
+    part0 = filled(b, [None, n, LANES], "f32", [cnt], "0.0")
+    body = (mxfp4.nibble_lines("%wb", "%h", "%q") + mxfp4.code_value_lines("%q", "%wv") + mxfp4.scale_lines("%sb", "%sv")
+            + to_f32_lines("%xv", xel, "%xf")
+            + ["%ws = arith.mulf %wv, %sv : f32", "%p = arith.mulf %ws, %xf : f32", "%r = arith.addf %acc, %p : f32",
+               "linalg.yield %r : f32"])
+    body = ["%h = linalg.index 5 : index"] + body
+    part = generic(b, [(x5, x5t, amap(6, "d0, d3, d5, d4, d2")), (w4, w4t, amap(6, "d1, d3, d4, d2")),
+                       (se, tt([n, kb], "i8"), amap(6, "d1, d3"))],
+                   [(part0, tt([None, n, LANES], "f32"), amap(6, "d0, d1, d2"))],
+                   ["parallel", "parallel", "parallel", "reduction", "reduction", "reduction"], body,
+                   [("%xv", xel), ("%wb", "i8"), ("%sb", "i8"), ("%acc", "f32")], attrs=_matvec_config(n))
+    return generic(b, [(part, tt([None, n, LANES], "f32"), amap(3, "d0, d1, d2"))],
+                   [(init, tt([None, n], "f32"), amap(3, "d0, d1"))], ["parallel", "parallel", "reduction"],
+                   ["%r = arith.addf %a, %o : f32", "linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])
+
+
+def _decode_expert(b: Body, we: str, se: str, n: int, kk: int) -> str:
+    """[n, kk/32, 32] f32 dequantized weights of one expert.
+
+    ``scaling_extf``: ``iree_tensor_ext.bitcast`` of the bytes to ``f4E2M1FN`` and of the scales to
+    ``f8E8M0FNU``, decoded with ``arith.scaling_extf`` in *storage* order (position ``2b + h`` of a
+    block is value ``b + 16h``; the activations are gathered in that order to match, see
+    :func:`_gather_rows`). ``int``: the integer decode, written in *value* order.
+    """
+    kb = kk // 32
+    if DECODE_FOR_MATMUL == "scaling_extf":
+        out_t = tt([n, kb, 32], "f32")
+        ident = amap(3, "d0, d1, d2")
+        f4 = b.v(f"iree_tensor_ext.bitcast {we} : {tt([n, kk // 2], 'i8')} -> {tt([n, kk], 'f4E2M1FN')}", "f4")
+        f4x = b.v(f"tensor.expand_shape {f4} [[0], [1, 2]] output_shape [{n}, {kb}, 32] : "
+                  f"{tt([n, kk], 'f4E2M1FN')} into {tt([n, kb, 32], 'f4E2M1FN')}", "f4")
+        f8 = b.v(f"iree_tensor_ext.bitcast {se} : {tt([n, kb], 'i8')} -> {tt([n, kb], 'f8E8M0FNU')}", "f8")
+        return generic(b, [(f4x, tt([n, kb, 32], "f4E2M1FN"), ident), (f8, tt([n, kb], "f8E8M0FNU"), amap(3, "d0, d1"))],
+                       [(empty(b, [n, kb, 32], "f32", []), out_t, ident)], ["parallel"] * 3,
+                       mxfp4.scaling_extf_lines("%a", "%sc8", "%r") + ["linalg.yield %r : f32"],
+                       [("%a", "f4E2M1FN"), ("%sc8", "f8E8M0FNU"), ("%o", "f32")])
+    else:
+        out_t = tt([n, kb, 2, 16], "f32")
+        w3 = b.v(f"tensor.expand_shape {we} [[0], [1, 2]] output_shape [{n}, {kb}, 16] : "
+                 f"{tt([n, kk // 2], 'i8')} into {tt([n, kb, 16], 'i8')}", "w")
+        dec = generic(b, [(w3, tt([n, kb, 16], "i8"), amap(4, "d0, d1, d3")), (se, tt([n, kb], "i8"), amap(4, "d0, d1"))],
+                      [(empty(b, [n, kb, 2, 16], "f32", []), out_t, amap(4, "d0, d1, d2, d3"))], ["parallel"] * 4,
+                      ["%h = linalg.index 2 : index"] + mxfp4.nibble_lines("%wb", "%h", "%q")
+                      + mxfp4.code_value_lines("%q", "%wv") + mxfp4.scale_lines("%sb", "%sv")
+                      + ["%r = arith.mulf %wv, %sv : f32", "linalg.yield %r : f32"],
+                      [("%wb", "i8"), ("%sb", "i8"), ("%o", "f32")])
+    return b.v(f"tensor.collapse_shape {dec} [[0], [1], [2, 3]] : {out_t} into {tt([n, kb, 32], 'f32')}", "d")
+
+
+def _decoded_matmul(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: str, n: int, kk: int) -> str:
+    """``xe`` must be in the order :func:`_decode_expert` produces (see ``needs_storage_order``)."""
+    kb = kk // 32
+    wd = _decode_expert(b, we, se, n, kk)
+    x3t = tt([None, kb, 32], xel)
+    x3 = b.v(f"tensor.expand_shape {xe} [[0], [1, 2]] output_shape [{cnt}, {kb}, 32] : {tt([None, kk], xel)} into {x3t}", "x")
+    return generic(b, [(x3, x3t, amap(4, "d0, d2, d3")), (wd, tt([n, kb, 32], "f32"), amap(4, "d1, d2, d3"))],
+                   [(init, tt([None, n], "f32"), amap(4, "d0, d1"))], ["parallel", "parallel", "reduction", "reduction"],
+                   to_f32_lines("%xv", xel, "%xf") + ["%p = arith.mulf %xf, %wv : f32", "%r = arith.addf %o, %p : f32",
+                                                      "linalg.yield %r : f32"],
+                   [("%xv", xel), ("%wv", "f32"), ("%o", "f32")])
+
+
+def _gather_rows(b: Body, x: str, xt, order: str, k: int, kk: int, S: str, storage_order: bool) -> str:
+    """[S, kk] activations in expert order: row p is x[order[p] / k] (x: T x K) or x[order[p]] (T x k x K
+    flattened). With ``storage_order`` each 32-block is permuted so position ``2b + h`` holds element
+    ``b + 16h``, the order of the f4 elements of the blocksplit bytes."""
+    xel = str(xt.element_type)
+    if xt.rank == 2:
+        src, src_t = x, str(xt)
+        row = ["%sx = arith.index_cast %o32 : i32 to index", f"%kk = arith.constant {k} : index",
+               "%row = arith.divui %sx, %kk : index"]
+    else:
+        src_t = tt([None, kk], xel)
+        src = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {src_t}", "xf")
+        row = ["%row = arith.index_cast %o32 : i32 to index"]
+    if not storage_order:
+        col = ["%col = linalg.index 1 : index"]
+    else:
+        col = ["%c = linalg.index 1 : index","%k32 = arith.constant 32 : index", "%k16 = arith.constant 16 : index", "%k2 = arith.constant 2 : index",
+                "%p = arith.remui %c, %k32 : index", "%base = arith.subi %c, %p : index",
+                "%hb = arith.remui %p, %k2 : index", "%bb = arith.divui %p, %k2 : index",
+                "%h16 = arith.muli %hb, %k16 : index", "%off = arith.addi %h16, %bb : index",
+                "%col = arith.addi %base, %off : index"]
+    body = row + col + [f"%r = tensor.extract {src}[%row, %col] : {src_t}", f"linalg.yield %r : {xel}"]
+    return generic(b, [(order, tt([None], "i32"), amap(2, "d0"))],
+                   [(empty(b, [None, kk], xel, [S]), tt([None, kk], xel), amap(2, "d0, d1"))], ["parallel", "parallel"],
+                   body, [("%o32", "i32"), ("%out", xel)])
+
+
+def _sort_slots(b: Body, ids_flat: str, S: str, e: int) -> dict[str, str]:
+    """Device-side grouping of slots by expert; returns the SSA names of the small index tensors."""
+    vec = tt([None], "i32")
+    evec = tt([e], "i32")
+    # pos[a] = #{b : (id[b], b) < (id[a], a)}
+    pos = generic(b, [(ids_flat, vec, amap(2, "d0")), (ids_flat, vec, amap(2, "d1"))],
+                  [(filled(b, [None], "i32", [S], "0"), vec, amap(2, "d0"))], ["parallel", "reduction"],
+                  ["%ia = linalg.index 0 : index", "%ib = linalg.index 1 : index",
+                   "%lt = arith.cmpi slt, %vb, %va : i32", "%eq = arith.cmpi eq, %vb, %va : i32",
+                   "%bf = arith.cmpi ult, %ib, %ia : index", "%eb = arith.andi %eq, %bf : i1",
+                   "%c = arith.ori %lt, %eb : i1", "%ci = arith.extui %c : i1 to i32",
+                   "%r = arith.addi %o, %ci : i32", "linalg.yield %r : i32"],
+                  [("%va", "i32"), ("%vb", "i32"), ("%o", "i32")])
+    # order[p] = the s with pos[s] == p
+    order = generic(b, [(pos, vec, amap(2, "d1"))], [(filled(b, [None], "i32", [S], "0"), vec, amap(2, "d0"))],
+                    ["parallel", "reduction"],
+                    ["%ip = linalg.index 0 : index", "%is = linalg.index 1 : index",
+                     "%p = arith.index_cast %ip : index to i32", "%si = arith.index_cast %is : index to i32",
+                     "%hit = arith.cmpi eq, %ps, %p : i32", "%z = arith.constant 0 : i32",
+                     "%v = arith.select %hit, %si, %z : i32", "%r = arith.addi %o, %v : i32", "linalg.yield %r : i32"],
+                    [("%ps", "i32"), ("%o", "i32")])
+    counts = generic(b, [(ids_flat, vec, amap(2, "d1"))], [(filled(b, [e], "i32", [], "0"), evec, amap(2, "d0"))],
+                     ["parallel", "reduction"],
+                     ["%ie = linalg.index 0 : index", "%ei = arith.index_cast %ie : index to i32",
+                      "%hit = arith.cmpi eq, %v, %ei : i32", "%ci = arith.extui %hit : i1 to i32",
+                      "%r = arith.addi %o, %ci : i32", "linalg.yield %r : i32"], [("%v", "i32"), ("%o", "i32")])
+    # offsets[e] = sum of counts below e; uidx[e] = number of used experts below e
+    offs = generic(b, [(counts, evec, amap(2, "d1"))],
+                   [(filled(b, [e], "i32", [], "0"), evec, amap(2, "d0")), (filled(b, [e], "i32", [], "0"), evec, amap(2, "d0"))],
+                   ["parallel", "reduction"],
+                   ["%ia = linalg.index 0 : index", "%ib = linalg.index 1 : index", "%below = arith.cmpi ult, %ib, %ia : index",
+                    "%z = arith.constant 0 : i32", "%one = arith.constant 1 : i32",
+                    "%used = arith.cmpi sgt, %c, %z : i32", "%ub = arith.andi %below, %used : i1",
+                    "%cv = arith.select %below, %c, %z : i32", "%uv = arith.select %ub, %one, %z : i32",
+                    "%r1 = arith.addi %o1, %cv : i32", "%r2 = arith.addi %o2, %uv : i32", "linalg.yield %r1, %r2 : i32, i32"],
+                   [("%c", "i32"), ("%o1", "i32"), ("%o2", "i32")], nres=2)
+    offsets, uidx = offs + "#0", offs + "#1"
+    # used[u] = the u-th expert with a nonzero count; nused = their number
+    used = generic(b, [(counts, evec, amap(2, "d1")), (uidx, evec, amap(2, "d1"))],
+                   [(filled(b, [e], "i32", [], "0"), evec, amap(2, "d0"))], ["parallel", "reduction"],
+                   ["%iu = linalg.index 0 : index", "%ie = linalg.index 1 : index",
+                    "%u = arith.index_cast %iu : index to i32", "%ei = arith.index_cast %ie : index to i32",
+                    "%z = arith.constant 0 : i32", "%nz = arith.cmpi sgt, %c, %z : i32", "%at = arith.cmpi eq, %ux, %u : i32",
+                    "%hit = arith.andi %nz, %at : i1", "%v = arith.select %hit, %ei, %z : i32",
+                    "%r = arith.addi %o, %v : i32", "linalg.yield %r : i32"],
+                   [("%c", "i32"), ("%ux", "i32"), ("%o", "i32")])
+    nused = generic(b, [(counts, evec, amap(1, "d0"))], [(filled(b, [], "i32", [], "0"), tt([], "i32"), amap(1, ""))],
+                    ["reduction"],
+                    ["%z = arith.constant 0 : i32", "%nz = arith.cmpi sgt, %c, %z : i32", "%ci = arith.extui %nz : i1 to i32",
+                     "%r = arith.addi %o, %ci : i32", "linalg.yield %r : i32"], [("%c", "i32"), ("%o", "i32")])
+    return {"pos": pos, "order": order, "counts": counts, "offsets": offsets, "used": used, "nused": nused}
+
+
+def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
+                        T: str) -> tuple[str, str]:
+    """Sorted-order result ``ys`` [T*k, n] f32 (bias added) and ``pos`` [T*k] i32 (slot -> sorted row).
+
+    Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope.
+    """
+    xel = str(xt.element_type)
+    c0, c1 = b.const(0, "index"), b.const(1, "index")
+    ck = b.const(k, "index")
+    S = b.v(f"arith.muli {T}, {ck} : index", "S")
+    ids_flat = b.v(f"tensor.collapse_shape %ids [[0, 1]] : {tt([None, k], 'i32')} into {tt([None], 'i32')}", "idf")
+    srt = _sort_slots(b, ids_flat, S, e)
+    # activations in expert order (natural order for the lane matvec; storage order for scaling_extf)
+    xs = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False)
+    xs_dec = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=True) \
+        if DECODE_FOR_MATMUL == "scaling_extf" else xs
+    nu32 = b.v(f"tensor.extract {srt['nused']}[] : {tt([], 'i32')}", "nu")
+    nu = b.v(f"arith.index_cast {nu32} : i32 to index", "nu")
+    ys0 = empty(b, [None, n], "f32", [S])
+    ys_t = tt([None, n], "f32")
+    # loop body, written as its own Body so its SSA names are scoped to the region
+    lb = Body()
+    lb.n = b.n
+    acc = lb.v(f"flow.tensor.tie_shape %ys_acc : {ys_t}{{{S}}}", "acc")
+    evec = tt([e], "i32")
+
+    def load(table: str, at: str, prefix: str) -> str:
+        v32 = lb.v(f"tensor.extract {srt[table]}[{at}] : {evec}", prefix)
+        return lb.v(f"arith.index_cast {v32} : i32 to index", prefix)
+
+    eid = load("used", "%ui", "e")
+    off = load("offsets", eid, "o")
+    cnt = load("counts", eid, "n")
+    xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
+    xe_dec = xe if xs_dec == xs else lb.v(
+        f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")
+    we = lb.v(f"tensor.extract_slice %w[{eid}, 0, 0] [1, {n}, {kk // 2}] [1, 1, 1] : {tt([e, n, kk // 2], 'i8')} to "
+              f"{tt([n, kk // 2], 'i8')}", "we")
+    se = lb.v(f"tensor.extract_slice %s[{eid}, 0, 0] [1, {n}, {kk // 32}] [1, 1, 1] : {tt([e, n, kk // 32], 'i8')} to "
+              f"{tt([n, kk // 32], 'i8')}", "se")
+    # init rows: the expert's bias (in f32) or zero
+    if bias is not None:
+        bname, bel = bias
+        be = lb.v(f"tensor.extract_slice {bname}[{eid}, 0] [1, {n}] [1, 1] : {tt([e, n], bel)} to {tt([n], bel)}", "be")
+        init = generic(lb, [(be, tt([n], bel), amap(2, "d1"))], [(empty(lb, [None, n], "f32", [cnt]), ys_t, amap(2, "d0, d1"))],
+                       ["parallel", "parallel"], to_f32_lines("%bv", bel, "%r") + ["linalg.yield %r : f32"],
+                       [("%bv", bel), ("%o", "f32")])
+    else:
+        init = filled(lb, [None, n], "f32", [cnt], "0.0")
+    small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
+    tb, eb = Body(), Body()
+    tb.n = lb.n
+    r1 = _lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)
+    eb.n = tb.n
+    r2 = _decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)
+    lb.n = eb.n
+    ye = lb.v(f"scf.if {small} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    %r1t = flow.tensor.tie_shape {r1} : {ys_t}{{{cnt}}}\n    scf.yield %r1t : {ys_t}\n  }} else {{\n    "
+              + "\n    ".join(eb.lines) + f"\n    %r2t = flow.tensor.tie_shape {r2} : {ys_t}{{{cnt}}}\n    scf.yield %r2t : {ys_t}\n  }}", "ye")
+    ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
+    ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
+    ins_t = lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
+    b.n = lb.n
+    ys = b.v(f"scf.for %ui = {c0} to {nu} step {c1} iter_args(%ys_acc = {ys0}) -> ({ys_t}) {{\n    "
+             + "\n    ".join(lb.lines) + f"\n    scf.yield {ins_t} : {ys_t}\n  }}", "ys")
+    ys = b.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
+    return ys, srt["pos"]
+
+
+def unsort_rounded(b: Body, ys: str, pos: str, k: int, n: int, el: str, T: str) -> str:
+    """[T, k, n] ``el`` = ys[pos[t*k + j]] rounded to ``el`` (the reference's rounding point)."""
+    pos2 = b.v(f"tensor.expand_shape {pos} [[0, 1]] output_shape [{T}, {k}] : {tt([None], 'i32')} into {tt([None, k], 'i32')}", "pos")
+    body = ["%row = arith.index_cast %p : i32 to index", "%col = linalg.index 2 : index",
+            f"%y = tensor.extract {ys}[%row, %col] : {tt([None, n], 'f32')}"]
+    body += ([f"%r = arith.truncf %y : f32 to {el}"] if el != "f32" else ["%r = arith.maximumf %y, %y : f32"])
+    body += [f"linalg.yield %r : {el}"]
+    return generic(b, [(pos2, tt([None, k], "i32"), amap(3, "d0, d1"))],
+                   [(empty(b, [None, k, n], el, [T]), tt([None, k, n], el), amap(3, "d0, d1, d2"))],
+                   ["parallel"] * 3, body, [("%p", "i32"), ("%o", el)])

@@ -1,0 +1,56 @@
+"""Exact MXFP4 decodes as lines of arith ops for linalg.generic bodies (all results f32, no rounding).
+
+e2m1 code ``[s e1 e0 m]``: value ``(-1)^s * 2^(e-1) * (1 + m/2)`` for ``e > 0`` and ``(-1)^s * m/2`` for ``e == 0``.
+e8m0 scale byte ``b``: ``2^(b-127)``; ``b == 0`` is ``2^-127`` (an f32 subnormal), ``b == 255`` is NaN.
+"""
+
+from __future__ import annotations
+
+
+def code_value_lines(q: str, out: str, p: str = "dv") -> list[str]:
+    """f32 value of the e2m1 code in the low 4 bits of the i32 ``q`` (higher bits of ``q`` are ignored).
+
+    Branch-free: ``g = bits(0x3F000000 + (mag << 22))`` is ``2^(e-1) * (1 + m/2)``, right for ``e > 0``;
+    for ``e == 0`` it is 0.5 or 0.75, and ``2g - 1`` gives the subnormals 0 and 0.5. ``min(g, 2g - 1)``
+    picks the right one in both cases (for ``e > 0``, ``g >= 1`` so ``2g - 1 >= g``); then the sign bit
+    is xor-ed in. Nine vector ops, all exact.
+    """
+    return [
+        f"%{p}k22 = arith.constant 22 : i32", f"%{p}k28 = arith.constant 28 : i32",
+        f"%{p}kmag = arith.constant 29360128 : i32", f"%{p}khalf = arith.constant 1056964608 : i32",
+        f"%{p}ksgn = arith.constant -2147483648 : i32",
+        f"%{p}k2 = arith.constant 2.0 : f32", f"%{p}km1 = arith.constant -1.0 : f32",
+        f"%{p}a = arith.shli {q}, %{p}k22 : i32", f"%{p}b = arith.andi %{p}a, %{p}kmag : i32",
+        f"%{p}c = arith.addi %{p}b, %{p}khalf : i32", f"%{p}g = arith.bitcast %{p}c : i32 to f32",
+        f"%{p}g2 = math.fma %{p}g, %{p}k2, %{p}km1 : f32", f"%{p}m = arith.minimumf %{p}g, %{p}g2 : f32",
+        f"%{p}sa = arith.shli {q}, %{p}k28 : i32", f"%{p}sb = arith.andi %{p}sa, %{p}ksgn : i32",
+        f"%{p}mi = arith.bitcast %{p}m : f32 to i32", f"%{p}vi = arith.xori %{p}mi, %{p}sb : i32",
+        f"{out} = arith.bitcast %{p}vi : i32 to f32",
+    ]
+
+
+def scale_lines(s_i8: str, out: str, p: str = "sc") -> list[str]:
+    """f32 value of the e8m0 byte ``s_i8`` (i8), exactly, including 0 (2^-127) and 255 (NaN)."""
+    return [
+        f"%{p}q = arith.extui {s_i8} : i8 to i32", f"%{p}k23 = arith.constant 23 : i32",
+        f"%{p}k0 = arith.constant 0 : i32", f"%{p}k255 = arith.constant 255 : i32",
+        f"%{p}kmin = arith.constant 4194304 : i32", f"%{p}knan = arith.constant 2143289344 : i32",
+        f"%{p}b = arith.shli %{p}q, %{p}k23 : i32",
+        f"%{p}z = arith.cmpi eq, %{p}q, %{p}k0 : i32", f"%{p}n = arith.cmpi eq, %{p}q, %{p}k255 : i32",
+        f"%{p}b1 = arith.select %{p}z, %{p}kmin, %{p}b : i32", f"%{p}b2 = arith.select %{p}n, %{p}knan, %{p}b1 : i32",
+        f"{out} = arith.bitcast %{p}b2 : i32 to f32",
+    ]
+
+
+def nibble_lines(byte_i8: str, half_index: str, out: str, p: str = "nb") -> list[str]:
+    """i32 whose low 4 bits are nibble ``half_index`` (an index value, 0 = low) of the i8 ``byte_i8``."""
+    return [
+        f"%{p}q = arith.extui {byte_i8} : i8 to i32", f"%{p}h = arith.index_cast {half_index} : index to i32",
+        f"%{p}k4 = arith.constant 4 : i32", f"%{p}sh = arith.muli %{p}h, %{p}k4 : i32",
+        f"{out} = arith.shrui %{p}q, %{p}sh : i32",
+    ]
+
+
+def scaling_extf_lines(f4: str, f8: str, out: str) -> list[str]:
+    """The same value through ``arith.scaling_extf`` on f4E2M1FN / f8E8M0FNU elements."""
+    return [f"{out} = arith.scaling_extf {f4}, {f8} : f4E2M1FN, f8E8M0FNU to f32"]

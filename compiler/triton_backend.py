@@ -1,0 +1,45 @@
+"""From a module through ``mxmoe_pipeline`` to what runs on NVIDIA: kernel plan, cubins, weights.
+
+``compile_triton`` plans the kernels (:mod:`mxmoe.compiler.triton_plan`), then compiles every plan
+kernel ahead of time with ``triton.compile`` for the target's arch (no GPU needed). The weights were
+already padded and put into the layout the passes assigned (``mxmoe.compiler.parameters``); the plan
+names which of them feed which kernel argument. With ``interpret=True`` the cubins are skipped: the
+module will run the same plan's kernels under Triton's interpreter on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import numpy as np
+from iree.compiler import ir
+
+from mxmoe.compiler.targets import Target
+from mxmoe.compiler.triton_plan import plan_triton
+
+
+def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], target: Target, *,
+                   interpret: bool = False, timings: dict[str, float] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(kernel plan, {plan kernel name: cubin}) for ``module``; cubins are empty with ``interpret``."""
+    timings = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    plan = plan_triton(module, target)
+    missing = sorted(set(plan["parameters"]) - set(parameters))
+    if missing:
+        raise ValueError(f"no array for weight global(s) {', '.join(missing)}")
+    for name, spec in plan["parameters"].items():
+        if list(parameters[name].shape) != list(spec["shape"]):
+            raise ValueError(f"weight '{name}': stored shape {list(parameters[name].shape)} differs from the "
+                             f"plan's {spec['shape']}")
+    timings["triton_plan_s"] = time.perf_counter() - t0
+    binaries: dict[str, bytes] = {}
+    if not interpret:
+        from mxmoe.runtime.triton_kernels.aot import compile_plan
+
+        t0 = time.perf_counter()
+        binaries, meta = compile_plan(plan)
+        plan["cubins"] = meta
+        timings["triton_compile_s"] = time.perf_counter() - t0
+    return plan, binaries

@@ -1,0 +1,310 @@
+"""Runs a Triton kernel plan: on a CUDA GPU (AOT cubins, or JIT of the same kernels) or under Triton's interpreter.
+
+The plan (``mxmoe.runtime.triton_kernels.kernel_plan``) says everything: which kernels, their
+constants, the shape class for the token count, grids and buffer sizes as expressions of ``T``,
+and which parameter feeds which argument. This module only evaluates it. Modes:
+
+* ``"cubin"``: loads the cubins ``mxmoe.compile`` built ahead of time with the CUDA driver API
+  (``cuModuleLoadData`` / ``cuLaunchKernel`` through ctypes, on torch's current stream, so calls can
+  be captured in CUDA graphs). Needs a GPU of the plan's arch; no Triton compiler is involved.
+* ``"jit"``: launches the same Triton kernels with the same constants through the device's Triton
+  (compiled there on first use).
+* ``"interpret"``: the same kernels under ``TRITON_INTERPRET`` semantics on CPU tensors.
+* ``"auto"`` (default): ``cubin`` when cubins for this GPU's arch are present and load, else ``jit``.
+
+Weights are in the plan's layout already (the compiler transformed them); the executor never
+re-lays them out. No host read-back happens inside a call: every size follows from ``T``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from mxmoe.runtime.triton_kernels.expr import evaluate
+from mxmoe.runtime.triton_kernels.kernel_plan import PlanError, arg_type, environment, shape_class, validate
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
+MODES = ("auto", "cubin", "jit", "interpret")
+
+
+def _to_torch(name: str, value, want: str, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+    else:
+        a = np.ascontiguousarray(value)
+        if a.dtype.name == "bfloat16":
+            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        elif a.dtype == np.int8:
+            t = torch.from_numpy(a.view(np.uint8))
+        else:
+            t = torch.from_numpy(a)
+    if t.dtype == torch.int8 and want == "uint8":
+        t = t.view(torch.uint8)
+    if t.dtype != _TORCH_DTYPES[want]:
+        raise PlanError(f"parameter '{name}': expected {want}, got {t.dtype}")
+    return t.to(device).contiguous()
+
+
+# ------------------------------------------------------------------------------------ CUDA driver
+class _Driver:
+    """The few CUDA driver API calls a cubin launch needs (libcuda through ctypes)."""
+
+    _instance = None
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+
+    @classmethod
+    def get(cls) -> "_Driver":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def check(self, result: int, what: str) -> None:
+        if result != 0:
+            msg = ctypes.c_char_p()
+            self.lib.cuGetErrorString(result, ctypes.byref(msg))
+            raise RuntimeError(f"CUDA driver: {what} failed: {msg.value.decode() if msg.value else result}")
+
+    def ensure_context(self, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)  # makes torch's (primary) context current on this thread
+        ctx = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            dev = ctypes.c_int()
+            self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device.index or 0), "cuDeviceGet")
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    def load(self, cubin: bytes, function: str, shared: int) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        image = ctypes.create_string_buffer(cubin, len(cubin))
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image), f"cuModuleLoadData({function})")
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, function.encode()),
+                   f"cuModuleGetFunction({function})")
+        if shared > 49152:
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+            self.check(self.lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                   ctypes.c_int(shared)), f"cuFuncSetAttribute({function})")
+        return module, fn
+
+
+_CTYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "fp32": ctypes.c_float}
+
+
+class _CubinKernel:
+    """One AOT-compiled kernel: its CUfunction and what a launch needs besides the arguments."""
+
+    def __init__(self, driver: _Driver, cubin: bytes, meta: Mapping[str, Any], types: list[str]):
+        if int(meta.get("num_ctas", 1)) != 1:
+            raise RuntimeError(f"{meta['function']}: cluster launches are not supported")
+        self.driver, self.meta, self.types = driver, meta, types
+        self.module, self.fn = driver.load(cubin, meta["function"], int(meta["shared"]))
+
+    def launch(self, grid: tuple[int, ...], args: list, device: torch.device) -> None:
+        gx, gy, gz = (tuple(grid) + (1, 1, 1))[:3]
+        values = []
+        for ty, a in zip(self.types, args):
+            values.append(ctypes.c_void_p(a.data_ptr()) if ty.startswith("*") else _CTYPES[ty](a))
+        scratch = None
+        if self.meta["global_scratch_size"] > 0:
+            align = self.meta["global_scratch_align"]
+            size = self.meta["global_scratch_size"] * gx * gy * gz
+            scratch = torch.empty(size + align, dtype=torch.uint8, device=device)
+            values.append(ctypes.c_void_p((scratch.data_ptr() + align - 1) // align * align))
+        else:
+            values.append(ctypes.c_void_p(0))
+        values.append(ctypes.c_void_p(0))  # profile scratch: unused unless Triton's profiler is on
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        stream = torch.cuda.current_stream(device).cuda_stream
+        self.driver.check(self.driver.lib.cuLaunchKernel(
+            self.fn, gx, gy, gz, 32 * int(self.meta["num_warps"]), 1, 1, int(self.meta["shared"]),
+            ctypes.c_void_p(stream), params, None), f"cuLaunchKernel({self.meta['function']})")
+        if scratch is not None:
+            scratch.record_stream(torch.cuda.current_stream(device))
+
+
+# ------------------------------------------------------------------------------------- executor
+class TritonExecutor:
+    """A kernel plan bound to weights on one device; call it with hidden states [..., H]."""
+
+    def __init__(self, plan: Mapping[str, Any], parameters: Mapping[str, Any],
+                 binaries: Mapping[str, bytes] | None = None, *, device: str | torch.device | None = None,
+                 mode: str = "auto"):
+        validate(plan)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.plan = plan
+        if mode == "interpret":
+            self.device = torch.device("cpu")
+        else:
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"target {plan['target']} needs a CUDA GPU to run (none is visible); "
+                                   "compile with interpret=True to run its kernels on the CPU")
+            self.device = torch.device(device or "cuda")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+        missing = sorted(set(plan["parameters"]) - set(parameters))
+        if missing:
+            raise PlanError(f"no array for weight(s) {', '.join(missing)}")
+        self.params = {}
+        for name, spec in plan["parameters"].items():
+            t = _to_torch(name, parameters[name], spec["dtype"], self.device)
+            if list(t.shape) != list(spec["shape"]):
+                raise PlanError(f"parameter '{name}': expected shape {spec['shape']}, got {list(t.shape)}")
+            self.params[name] = t
+        self._dummies: dict[str, torch.Tensor] = {}
+        self._launch_cache: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self.mode = self._pick_mode(mode, binaries or {})
+
+    # -------------------------------------------------------------------------------- set-up
+    def _pick_mode(self, mode: str, binaries: Mapping[str, bytes]) -> str:
+        self._cubins: dict[str, _CubinKernel] = {}
+        if mode in ("interpret", "jit"):
+            return mode
+        major, minor = torch.cuda.get_device_capability(self.device)
+        arch_here = 10 * major + minor
+        meta = self.plan.get("cubins", {})
+        reason = None
+        if not binaries or set(binaries) != set(self.plan["kernels"]) or set(meta) != set(self.plan["kernels"]):
+            reason = "the module carries no cubins for every plan kernel"
+        elif arch_here != self.plan["arch"]:
+            reason = f"the cubins are for sm_{self.plan['arch']}, this GPU is sm_{arch_here}"
+        if reason is None:
+            try:
+                driver = _Driver.get()
+                driver.ensure_context(self.device)
+                for name, entry in self.plan["kernels"].items():
+                    types = [arg_type(self.plan, a) for a in entry["args"]]
+                    self._cubins[name] = _CubinKernel(driver, bytes(binaries[name]), meta[name], types)
+                return "cubin"
+            except Exception as e:  # noqa: BLE001 - reported below, then JIT takes over
+                reason = f"loading the cubins failed ({e})"
+                self._cubins = {}
+        if mode == "cubin":
+            raise RuntimeError(f"cannot run the AOT cubins: {reason}")
+        warnings.warn(f"mxmoe: {reason}; JIT-compiling the plan's kernels with this machine's Triton instead",
+                      stacklevel=3)
+        return "jit"
+
+    def _dummy(self, dtype: str) -> torch.Tensor:
+        if dtype not in self._dummies:
+            self._dummies[dtype] = torch.zeros(16, dtype=_TORCH_DTYPES[dtype], device=self.device)
+        return self._dummies[dtype]
+
+    def _launches(self, num_tokens: int) -> tuple:
+        """Per token count: (buffer specs, [(entry name, grid, [arg resolvers])]); cached."""
+        cached = self._launch_cache.get(num_tokens)
+        if cached is not None:
+            return cached
+        cls = shape_class(self.plan, num_tokens)
+        env = environment(cls, num_tokens)
+        buffers = [(name, tuple(evaluate(d, env) for d in b["shape"]), _TORCH_DTYPES[b["dtype"]],
+                    b.get("init") == "zeros") for name, b in self.plan["buffers"].items()]
+        steps = []
+        for launch in cls["launches"]:
+            entry = self.plan["kernels"][launch["kernel"]]
+            grid = tuple(evaluate(g, env) for g in launch["grid"])
+            args = []
+            for a in entry["args"]:
+                if a["bind"] == "expr":
+                    args.append(("value", evaluate(a["expr"], env)))
+                elif a["bind"] == "none":
+                    args.append(("value", self._dummy(a.get("dtype", "float32"))))
+                elif a["bind"] == "param":
+                    args.append(("value", self.params[a["ref"]]))
+                else:
+                    args.append((a["bind"], a.get("ref")))
+            steps.append((launch["kernel"], grid, args))
+        result = (buffers, steps)
+        with self._lock:
+            if len(self._launch_cache) > 256:
+                self._launch_cache.clear()
+            self._launch_cache[num_tokens] = result
+        return result
+
+    # ---------------------------------------------------------------------------------- call
+    def _check_input(self, x) -> tuple[torch.Tensor, torch.device | None, bool]:
+        was_numpy = not isinstance(x, torch.Tensor)
+        if was_numpy:
+            a = np.ascontiguousarray(x)
+            x = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype.name == "bfloat16" \
+                else torch.from_numpy(a)
+        hidden = self.plan["input"]["hidden"]
+        if x.dim() < 2 or x.shape[-1] != hidden:
+            raise ValueError(f"input 'x': expected [T, {hidden}] (or [..., {hidden}]), got shape {tuple(x.shape)}")
+        want = _TORCH_DTYPES[self.plan["input"]["dtype"]]
+        if x.dtype != want:
+            if not x.is_floating_point():
+                raise ValueError(f"input 'x': expected {self.plan['input']['dtype']}, got {x.dtype}")
+            x = x.to(want)
+        home = x.device
+        if x.device != self.device:
+            x = x.to(self.device)
+        x = x.reshape(-1, hidden)
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)
+        return x, home, was_numpy
+
+    def __call__(self, x):
+        shape = tuple(x.shape)
+        x2, home, was_numpy = self._check_input(x)
+        num_tokens = x2.shape[0]
+        if num_tokens == 0:
+            out = x2.new_empty(x2.shape)
+        else:
+            out = self._run(x2, num_tokens)
+        out = out.reshape(shape)
+        if was_numpy:
+            return _to_numpy(out)
+        return out if home == self.device else out.to(home)
+
+    def _run(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        buffer_specs, steps = self._launches(num_tokens)
+        buffers = {}
+        for name, shp, dtype, zero in buffer_specs:
+            buffers[name] = (torch.zeros if zero else torch.empty)(shp, dtype=dtype, device=self.device)
+        if self.mode == "interpret":
+            from mxmoe.runtime.triton_kernels.kernels import interpreter_scope
+
+            scope = interpreter_scope()
+        else:
+            scope = contextlib.nullcontext()
+        with scope:
+            for entry_name, grid, arg_specs in steps:
+                args = [x if kind == "input" else buffers[ref] if kind == "buffer" else ref for kind, ref in arg_specs]
+                self._launch(entry_name, grid, args)
+        return buffers[self.plan["output"]["buffer"]]
+
+    def _launch(self, entry_name: str, grid: tuple[int, ...], args: list) -> None:
+        if min(grid) == 0:
+            return
+        if self.mode == "cubin":
+            self._cubins[entry_name].launch(grid, args, self.device)
+            return
+        from mxmoe.runtime.triton_kernels.kernels import get_kernel
+
+        entry = self.plan["kernels"][entry_name]
+        fn = get_kernel(entry["kernel"], interpret=self.mode == "interpret")
+        fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=entry["num_stages"])
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()

@@ -1,0 +1,108 @@
+// mxmoe-lower-to-linalg: every mxmoe op becomes a call of a private function of linalg/tensor/arith (one per
+// distinct op signature); weights in the CPU layout get the grouped schedule (tokens sorted by expert, a
+// host loop over the *used* experts only, decode fused into the kernels), row-major weights the portable
+// one-generic form.
+// RUN: mxmoe-opt %s --passes=mxmoe-lower-to-linalg | filecheck %s
+// Nothing of the mxmoe dialect is left:
+// RUN: mxmoe-opt %s --passes=mxmoe-lower-to-linalg | filecheck %s --check-prefix=GONE
+// GONE-NOT: mxmoe.route
+// GONE-NOT: "mxmoe.
+
+util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w13"> : tensor<4x64x32xi8>
+util.global private @w13_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w13_scale"> : tensor<4x64x2xi8>
+util.global private @w13_bias {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "bias"} = #flow.parameter.named<"model"::"w13_bias"> : tensor<4x64xbf16>
+util.global private @w2 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w2"> : tensor<4x64x16xi8>
+util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w2_scale"> : tensor<4x64x1xi8>
+
+// The lane matvec's tile sizes are pinned (one row, 64 outputs x 8 lanes per workgroup):
+// CHECK: #[[CONFIG:.+]] = #iree_cpu.lowering_config<distribution = [1, 64, 8, 0, 0, 0], vector_common_parallel = [1, 4, 8, 0, 0, 0], vector_reduction = [0, 0, 0, 1, 1, 1]>
+// CHECK: #[[COMP:.+]] = #iree_codegen.compilation_info<lowering_config = #[[CONFIG]]
+
+// The weights stay parameters: the globals are untouched.
+// CHECK: util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w13"> : tensor<4x64x32xi8>
+
+// CHECK-LABEL: func.func @moe(
+// CHECK-SAME: %[[X:.+]]: tensor<?x64xbf16>, %[[LOGITS:.+]]: tensor<?x4xbf16>
+// CHECK: %[[R:.+]]:2 = call @[[ROUTE:mxmoe_route_[0-9a-f]+]](%[[LOGITS]])
+// CHECK: %[[W13:.+]] = util.global.load @w13
+// CHECK: %[[S13:.+]] = util.global.load @w13_scale
+// CHECK: %[[B13:.+]] = util.global.load @w13_bias
+// CHECK: %[[A:.+]] = call @[[GLU:mxmoe_grouped_matmul_glu_[0-9a-f]+]](%[[X]], %[[R]]#1, %[[W13]], %[[S13]], %[[B13]])
+// CHECK: %[[O:.+]] = call @[[COMBINE:mxmoe_grouped_matmul_combine_[0-9a-f]+]](%[[A]], %[[R]]#1, %{{.+}}, %{{.+}}, %[[R]]#0)
+// CHECK: return %[[O]]
+func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64xbf16> {
+  %w, %ids = "mxmoe.route"(%logits) {top_k = 2 : i64, routing = "topk_softmax", renormalize = false} : (tensor<?x4xbf16>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
+  %w13 = util.global.load @w13 : tensor<4x64x32xi8>
+  %s13 = util.global.load @w13_scale : tensor<4x64x2xi8>
+  %b13 = util.global.load @w13_bias : tensor<4x64xbf16>
+  %a = "mxmoe.grouped_matmul_glu"(%x, %ids, %w13, %s13, %b13) {activation = "swiglu_oai", alpha = 1.702 : f32, has_bias = true, interleaved = true, limit = 7.0 : f32, mxmoe.layout = "cpu-mxfp4-blocksplit"} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<4x64x32xi8>, tensor<4x64x2xi8>, tensor<4x64xbf16>) -> tensor<?x2x32xbf16>
+  %w2 = util.global.load @w2 : tensor<4x64x16xi8>
+  %s2 = util.global.load @w2_scale : tensor<4x64x1xi8>
+  %o = "mxmoe.grouped_matmul_combine"(%a, %ids, %w2, %s2, %w) {has_bias = false, mxmoe.layout = "cpu-mxfp4-blocksplit"} : (tensor<?x2x32xbf16>, tensor<?x2xi32>, tensor<4x64x16xi8>, tensor<4x64x1xi8>, tensor<?x2xf32>) -> tensor<?x64xbf16>
+  return %o : tensor<?x64xbf16>
+}
+
+// Route: k rounds of an arg-max reduction (value, index) over the experts, then softmax over the k picks.
+// CHECK: func.func private @[[ROUTE]](%{{.+}}: tensor<?x4xbf16>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]{{.*}}outs({{.*}} : tensor<?xf32>, tensor<?xi32>)
+// CHECK: math.exp
+
+// The w13 matmul + GLU, grouped schedule:
+// CHECK: func.func private @[[GLU]](%[[GX:.+]]: tensor<?x64xbf16>, %[[GIDS:.+]]: tensor<?x2xi32>, %[[GW:.+]]: tensor<4x64x32xi8>, %[[GS:.+]]: tensor<4x64x2xi8>, %[[GB:.+]]: tensor<4x64xbf16>) -> tensor<?x2x32xbf16>
+// 1. sort the T*k slots by expert on the device: pos, order, counts, offsets, used experts, their number
+// CHECK: %[[FLAT:.+]] = tensor.collapse_shape %[[GIDS]] {{\[}}[0, 1]] : tensor<?x2xi32> into tensor<?xi32>
+// CHECK: %[[POS:.+]] = linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]} ins(%[[FLAT]], %[[FLAT]] : tensor<?xi32>, tensor<?xi32>)
+// CHECK: %[[ORDER:.+]] = linalg.generic {{.*}} ins(%[[POS]] : tensor<?xi32>)
+// CHECK: %[[COUNTS:.+]] = linalg.generic {{.*}} ins(%[[FLAT]] : tensor<?xi32>) outs(%{{.+}} : tensor<4xi32>)
+// CHECK: %[[OFFS:.+]]:2 = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}}, %{{.+}} : tensor<4xi32>, tensor<4xi32>)
+// CHECK: %[[USED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]], %[[OFFS]]#1 : tensor<4xi32>, tensor<4xi32>)
+// CHECK: %[[NUSED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}} : tensor<i32>)
+// 2. activations gathered in expert order: whole rows, contiguous along K
+// CHECK: %[[XS:.+]] = linalg.generic {{.*}} ins(%[[ORDER]] : tensor<?xi32>) outs(%{{.+}} : tensor<?x64xbf16>)
+// CHECK: tensor.extract %[[GX]][%{{.+}}, %{{.+}}] : tensor<?x64xbf16>
+// 3. a host loop whose trip count is the number of distinct experts picked (not E)
+// CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
+// CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
+// CHECK: %[[YS:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
+// CHECK: tensor.extract %[[USED]][%[[U]]] : tensor<4xi32>
+// CHECK: tensor.extract %[[OFFS]]#0[%{{.+}}] : tensor<4xi32>
+// CHECK: tensor.extract %[[COUNTS]][%{{.+}}] : tensor<4xi32>
+// the expert's rows and its weights are slices at a dynamic offset: no byte gather
+// CHECK: %[[XE:.+]] = tensor.extract_slice %[[XS]][%[[OFF:.+]], 0] [%[[CNT:.+]], 64] [1, 1] : tensor<?x64xbf16> to tensor<?x64xbf16>
+// CHECK: %[[WE:.+]] = tensor.extract_slice %[[GW]][%[[E:.+]], 0, 0] [1, 64, 32] [1, 1, 1] : tensor<4x64x32xi8> to tensor<64x32xi8>
+// CHECK: %[[SE:.+]] = tensor.extract_slice %[[GS]][%[[E]], 0, 0] [1, 64, 2] [1, 1, 1] : tensor<4x64x2xi8> to tensor<64x2xi8>
+// CHECK: tensor.extract_slice %[[GB]][%[[E]], 0] [1, 64] [1, 1] : tensor<4x64xbf16> to tensor<64xbf16>
+// few rows: the lane matvec, decode in the body, 8 lanes over 8 consecutive bytes / activations
+// CHECK: %[[SMALL:.+]] = arith.cmpi ule, %[[CNT]], %{{.+}} : index
+// CHECK: scf.if %[[SMALL]] -> (tensor<?x64xf32>)
+// CHECK: tensor.expand_shape %[[XE]] {{\[}}[0], [1, 2, 3, 4]] output_shape [%[[CNT]], 2, 2, 2, 8] : tensor<?x64xbf16> into tensor<?x2x2x2x8xbf16>
+// CHECK: tensor.expand_shape %[[WE]] {{\[}}[0], [1, 2, 3]] output_shape [64, 2, 2, 8] : tensor<64x32xi8> into tensor<64x2x2x8xi8>
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins({{.*}} : tensor<?x2x2x2x8xbf16>, tensor<64x2x2x8xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<?x64x8xf32>) attrs =  {compilation_info = #[[COMP]]}
+// CHECK: arith.shrui
+// CHECK: math.fma
+// CHECK: arith.minimumf
+// CHECK: arith.xori
+// CHECK: arith.mulf
+// CHECK: arith.addf
+// CHECK: } -> tensor<?x64x8xf32>
+// CHECK: flow.tensor.tie_shape %{{.+}} : tensor<?x64xf32>{%[[CNT]]}
+// many rows: decode the expert once (f32, value order), then a contraction over (K/32, 32)
+// CHECK: } else {
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins({{.*}} : tensor<64x2x16xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<64x2x2x16xf32>)
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins({{.*}} : tensor<?x2x32xbf16>, tensor<64x2x32xf32>) outs({{.*}} : tensor<?x64xf32>)
+// CHECK: tensor.insert_slice %{{.+}} into %{{.+}}[%[[OFF]], 0] [%[[CNT]], 64] [1, 1] : tensor<?x64xf32> into tensor<?x64xf32>
+// 4. back to slot order, rounded to bf16 where the reference rounds, then the GLU
+// CHECK: %[[YST:.+]] = flow.tensor.tie_shape %[[YS]]
+// CHECK: tensor.expand_shape %[[POS]] {{\[}}[0, 1]]
+// CHECK: tensor.extract %[[YST]][%{{.+}}, %{{.+}}] : tensor<?x64xf32>
+// CHECK: arith.truncf %{{.+}} : f32 to bf16
+// CHECK: math.exp
+// CHECK: return %{{.+}} : tensor<?x2x32xbf16>
+
+// The w2 matmul + routing weights + combine: activations [T, k, I] are gathered per slot.
+// CHECK: func.func private @[[COMBINE]](%[[CA:.+]]: tensor<?x2x32xbf16>, {{.*}}, %[[CW:.+]]: tensor<?x2xf32>) -> tensor<?x64xbf16>
+// CHECK: %[[CAF:.+]] = tensor.collapse_shape %[[CA]] {{\[}}[0, 1], [2]] : tensor<?x2x32xbf16> into tensor<?x32xbf16>
+// CHECK: tensor.extract %[[CAF]][%{{.+}}, %{{.+}}] : tensor<?x32xbf16>
+// CHECK: scf.for
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]} ins(%{{.+}}, %[[CW]] : tensor<?x2x64xbf16>, tensor<?x2xf32>) outs(%{{.+}} : tensor<?x64xf32>)
+// CHECK: arith.truncf %{{.+}} : f32 to bf16
