@@ -132,8 +132,6 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
     tgt = get_target(target)
     if interpret and tgt.backend != "triton":
         raise ValueError(f"interpret=True applies to cuda targets only, not {tgt.name}")
-    if tgt.backend == "triton":
-        import mxmoe.compiler.triton_plan  # noqa: F401  (registers the Triton weight layouts)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if isinstance(source, torch.export.ExportedProgram):

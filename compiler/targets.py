@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mxmoe.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_KMAJOR
+
 
 @dataclass(frozen=True)
 class Target:
@@ -29,11 +31,11 @@ class Target:
 
 TARGETS = {
     # cpu: the blocksplit layout is what the grouped CPU lowering reads (compiler/passes/lowering/cpu_grouped.py)
-    "cpu": Target("cpu", "iree", "host", "cpu-mxfp4-blocksplit", 32),
-    "rocm:gfx942": Target("rocm:gfx942", "iree", "gfx942", "mxfp4-rowmajor", 32),
-    "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", "mxfp4-rowmajor", 32),
-    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", "triton-mxfp4-kmajor", 32),
-    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", "triton-mxfp4-kmajor", 32),
+    "cpu": Target("cpu", "iree", "host", CPU_BLOCKSPLIT, 32),
+    "rocm:gfx942": Target("rocm:gfx942", "iree", "gfx942", ROW_MAJOR, 32),
+    "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", ROW_MAJOR, 32),
+    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", TRITON_KMAJOR, 32),
+    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", TRITON_KMAJOR, 32),
 }
 
 

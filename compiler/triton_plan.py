@@ -24,16 +24,9 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
-from mxmoe.layouts import register_layout
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
 from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config
-
-# The layout cuda targets assign is the checkpoint's own K-contiguous order: its stored arrays are the
-# padded row-major ones unchanged (see runtime/triton_kernels/layout.py).
-for _name, _layout in LAYOUTS.items():
-    if _layout.k_contiguous and _name.startswith("triton-"):
-        register_layout(_name, lambda role, a: a)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
 _GLUE = {"torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool",

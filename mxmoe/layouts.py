@@ -16,8 +16,13 @@ import numpy as np
 #: The convention's layout: values [E, N, K/2] (two e2m1 per byte, low nibble first), scales [E, N, K/32].
 ROW_MAJOR = "mxfp4-rowmajor"
 
-#: layout name -> role ("values" | "scales" | "bias") -> transform of the (padded) row-major array.
-_TRANSFORMS: dict[str, Callable[[str, np.ndarray], np.ndarray]] = {ROW_MAJOR: lambda role, a: a}
+#: Triton (cuda) targets: the checkpoint's own K-contiguous order, stored unchanged.
+TRITON_KMAJOR = "triton-mxfp4-kmajor"
+
+Transform = Callable[[str, np.ndarray], np.ndarray]  # (role, array) -> array
+
+#: layout name -> (to the stored array, back to the row-major array); role is "values", "scales" or "bias".
+_LAYOUTS: dict[str, tuple[Transform, Transform]] = {}
 
 
 #: CPU layout: within each 32-value block (16 bytes of a row), byte b holds value b in its low nibble and
@@ -56,13 +61,20 @@ def _blocksplit(role: str, a: np.ndarray) -> np.ndarray:
     raise ValueError(f"layout {CPU_BLOCKSPLIT}: unknown weight role {role!r}")
 
 
-def register_layout(name: str, transform: Callable[[str, np.ndarray], np.ndarray]) -> None:
-    """Make ``name`` a known layout: ``transform(role, row_major_array)`` gives its stored array."""
-    _TRANSFORMS[name] = transform
+def register_layout(name: str, transform: Transform, inverse: Transform) -> None:
+    """Make ``name`` a known layout: ``transform(role, row_major)`` gives the stored array and
+    ``inverse(role, stored)`` gives it back (reference checks read weights out of artifacts)."""
+    _LAYOUTS[name] = (transform, inverse)
 
 
 def known_layouts() -> list[str]:
-    return sorted(_TRANSFORMS)
+    return sorted(_LAYOUTS)
+
+
+def _layout(name: str, what: str) -> tuple[Transform, Transform]:
+    if name not in _LAYOUTS:
+        raise ValueError(f"weight '{what}': unknown layout '{name}' (known: {', '.join(known_layouts())})")
+    return _LAYOUTS[name]
 
 
 @dataclass(frozen=True)
@@ -91,10 +103,18 @@ class StoredForm:
             raise ValueError(f"weight '{name}': expected shape {list(self.shape)}, got {list(array.shape)}")
         out = pad_array(array, self.padded_shape, self.pad_value, self.pad_halves)
         if self.layout is not None:
-            if self.layout not in _TRANSFORMS:
-                raise ValueError(f"weight '{name}': unknown layout '{self.layout}' (known: {', '.join(known_layouts())})")
-            out = _TRANSFORMS[self.layout](self.role or "", out)
+            out = _layout(self.layout, name)[0](self.role or "", out)
         return np.ascontiguousarray(out)
+
+    def invert(self, name: str, stored: np.ndarray) -> np.ndarray:
+        """The logical array ``stored`` was made from: layout undone, padding sliced off."""
+        if tuple(stored.shape) != tuple(self.padded_shape):
+            raise ValueError(f"weight '{name}': expected stored shape {list(self.padded_shape)}, got {list(stored.shape)}")
+        a = stored if self.layout is None else _layout(self.layout, name)[1](self.role or "", stored)
+        if self.pad_halves and self.padded_shape[1] != self.shape[1]:
+            h, hp = self.shape[1] // 2, self.padded_shape[1] // 2
+            a = np.concatenate([a[:, :h], a[:, hp:hp + h]], axis=1)
+        return a[tuple(slice(0, d) for d in self.shape)]
 
 
 def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False) -> np.ndarray:
@@ -119,4 +139,14 @@ def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False)
     return out
 
 
-register_layout(CPU_BLOCKSPLIT, _blocksplit)
+def _blocksplit_inverse(role: str, a: np.ndarray) -> np.ndarray:
+    return blocksplit_unswizzle(a).view(a.dtype) if role == "values" else a
+
+
+def _identity(role: str, a: np.ndarray) -> np.ndarray:
+    return a
+
+
+register_layout(ROW_MAJOR, _identity, _identity)
+register_layout(TRITON_KMAJOR, _identity, _identity)
+register_layout(CPU_BLOCKSPLIT, _blocksplit, _blocksplit_inverse)

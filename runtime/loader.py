@@ -17,6 +17,7 @@ import numpy as np
 
 from mxmoe.runtime.artifact import KIND_IRPA, KIND_SAFETENSORS, Artifact, ArtifactError, irpa_index, \
     read_safetensors_view
+from mxmoe.layouts import StoredForm
 from mxmoe.runtime.signature import TensorSpec, check_inputs, numpy_dtype
 
 
@@ -320,9 +321,6 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
 def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw logical arrays -> the stored arrays the compiled module reads (dtype cast, padding, layout),
     exactly as the compiler stored them (``mxmoe.layouts.StoredForm``)."""
-    from mxmoe.layouts import StoredForm
-
-    _register_backend_layouts(manifest)
     missing = [p["name"] for p in manifest["parameters"] if p["name"] not in raw]
     if missing:
         raise WeightsError(f"weights lack tensors: {', '.join(missing)}")
@@ -349,80 +347,16 @@ def _is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt.name == "bfloat16"
 
 
-def _register_backend_layouts(manifest: dict) -> None:
-    """Make the target backend's named layouts known to ``mxmoe.layouts`` (deploy-time transforms).
-
-    Triton targets' K-contiguous layouts store the row-major bytes unchanged; the compiler registers
-    them when it plans kernels, and the runtime must know them without the compiler.
-    """
-    from mxmoe import layouts
-
-    wanted = {(p.get("form") or {}).get("layout") for p in manifest["parameters"]} - {None}
-    if not (wanted - set(layouts.known_layouts())) or manifest["target"].get("backend") != "triton":
-        return
-    from mxmoe.runtime.triton_kernels.layout import LAYOUTS  # torch: only on the Triton path
-
-    for name in wanted - set(layouts.known_layouts()):
-        if name in LAYOUTS and LAYOUTS[name].k_contiguous:
-            layouts.register_layout(name, lambda role, a: a)
-
-
-def _layout_inverse(name: str, role: str, shape, dtype):
-    """A function undoing layout ``name`` for arrays of this role/shape/dtype, or None if mxmoe has none.
-
-    Candidates: ``mxmoe.layouts.inverse_transform(name)`` where that exists, the CPU blocksplit's
-    unswizzle, and the identity; a candidate is used only if it round-trips random bytes exactly.
-    """
-    from mxmoe import layouts
-
-    if name not in layouts.known_layouts():
-        return None
-    candidates = []
-    if hasattr(layouts, "inverse_transform"):
-        try:
-            candidates.append(lambda a, f=layouts.inverse_transform(name): f(role, a))
-        except (KeyError, ValueError):
-            pass
-    if name == getattr(layouts, "CPU_BLOCKSPLIT", None):
-        candidates.append(lambda a: layouts.blocksplit_unswizzle(a).view(a.dtype) if role == "values" else a)
-    candidates.append(lambda a: a)
-    # a small probe with the same trailing (row) size: layouts act along rows, and it keeps this cheap
-    shape = tuple(1 for _ in shape[:-2]) + tuple(min(int(d), 4) for d in shape[-2:-1]) + tuple(shape[-1:])
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    probe = np.random.default_rng(0).integers(0, 256, size=n, dtype=np.uint8).view(dtype).reshape(shape)
-    form = layouts.StoredForm(shape=tuple(shape), padded_shape=tuple(shape), layout=name, role=role)
-    try:
-        stored = form.apply("probe", probe)
-    except ValueError:
-        return None
-    for inv in candidates:
-        back = np.asarray(inv(stored))
-        if back.shape == probe.shape and np.array_equal(back.view(np.uint8), probe.view(np.uint8)):
-            return inv
-    return None
-
-
 def logical_parameters(art: Artifact, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Stored arrays -> logical ones (layout undone, padding sliced off), for reference checks."""
-    _register_backend_layouts(art.manifest)
     out = {}
     for p in art.manifest["parameters"]:
         a = arrays[p["name"]]
         form = p.get("form")
-        if form:
-            if form.get("layout") is not None:
-                inv = _layout_inverse(form["layout"], form.get("role") or "", p["shape"], numpy_dtype(p["dtype"]))
-                if inv is None:
-                    raise WeightsError(f"weight '{p['name']}' is stored in layout {form['layout']!r}; "
-                                       "the reference check needs its inverse, which mxmoe does not have yet")
-                a = inv(a)
-            if form.get("pad_halves") and tuple(form["shape"]) != tuple(form["padded_shape"]):
-                h, hp = form["shape"][1] // 2, form["padded_shape"][1] // 2
-                a = np.concatenate([a[:, :h], a[:, hp: hp + h]], axis=1)
-                a = a[tuple(slice(0, d) for d in form["shape"])]
-            else:
-                a = a[tuple(slice(0, d) for d in form["shape"])]
-        out[p["name"]] = a
+        try:
+            out[p["name"]] = StoredForm.from_dict(form).invert(p["name"], a) if form else a
+        except ValueError as e:
+            raise WeightsError(f"{art.path}: {e}") from None
     return out
 
 

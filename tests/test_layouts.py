@@ -37,10 +37,31 @@ def test_stored_form_round_trips_and_checks_the_shape():
 
 
 def test_layouts_apply_after_padding_and_unknown_layouts_are_named(monkeypatch):
-    monkeypatch.setattr(layouts, "_TRANSFORMS", dict(layouts._TRANSFORMS))
-    register_layout("test-reverse", lambda role, a: a[..., ::-1])
+    monkeypatch.setattr(layouts, "_LAYOUTS", dict(layouts._LAYOUTS))
+    register_layout("test-reverse", lambda role, a: a[..., ::-1], lambda role, a: a[..., ::-1])
     form = StoredForm(shape=(1, 2), padded_shape=(1, 3), pad_value=9, layout="test-reverse", role="values")
     assert form.apply("w", np.array([[1, 2]], np.uint8)).tolist() == [[9, 2, 1]]
     bad = StoredForm(shape=(1, 2), padded_shape=(1, 2), layout="no-such-layout")
     with pytest.raises(ValueError, match="unknown layout 'no-such-layout'"):
         bad.apply("w", np.zeros((1, 2)))
+
+
+@pytest.mark.parametrize("layout, role", [(ROW_MAJOR, "values"), (layouts.TRITON_KMAJOR, "scales"),
+                                          (layouts.CPU_BLOCKSPLIT, "values"), (layouts.CPU_BLOCKSPLIT, "bias")])
+@pytest.mark.parametrize("halves", [False, True])
+def test_invert_gives_back_the_logical_array(layout, role, halves):
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, size=(3, 6, 32), dtype=np.uint8)
+    form = StoredForm(shape=(3, 6, 32), padded_shape=(3, 10, 64), pad_value=7, pad_halves=halves, layout=layout, role=role)
+    stored = form.apply("w", a)
+    assert stored.shape == (3, 10, 64)
+    assert np.array_equal(form.invert("w", stored), a)
+    with pytest.raises(ValueError, match=r"expected stored shape \[3, 10, 64\]"):
+        form.invert("w", a)
+
+
+def test_blocksplit_puts_values_b_and_b_plus_16_in_one_byte():
+    values = np.arange(32, dtype=np.uint8) % 16          # value i has nibble i mod 16
+    packed = (values[0::2] | (values[1::2] << 4)).reshape(1, 16)
+    stored = layouts.blocksplit_swizzle(packed)
+    assert [(b & 15, b >> 4) for b in stored[0].tolist()] == [(i % 16, (i + 16) % 16) for i in range(16)]

@@ -410,31 +410,41 @@ def _manifest_of(compiled) -> dict:
                            for n, a in compiled.parameters.items()]}
 
 
-def test_layouts_are_applied_at_deploy_time_and_never_guessed(art, layer, compiled, tmp_path):
+def test_layouts_are_applied_at_deploy_time_and_inverted_for_checks(art, layer, compiled, tmp_path, monkeypatch):
     """A parameter whose manifest names a non-identity layout: external weights go through that
-    layout's transform; the reference check refuses to guess its inverse."""
-    from mxmoe.layouts import register_layout
+    layout's transform, the reference check through its inverse, and an unknown layout is named."""
+    from mxmoe import layouts
     from mxmoe.runtime.loader import logical_parameters, parameter_arrays
 
-    register_layout("test-flip-k", lambda role, a: np.ascontiguousarray(a[..., ::-1]) if role == "values" else a)
+    monkeypatch.setattr(layouts, "_LAYOUTS", dict(layouts._LAYOUTS))
+    flip = lambda role, a: np.ascontiguousarray(a[..., ::-1]) if role == "values" else a  # noqa: E731
+    layouts.register_layout("test-flip-k", flip, flip)
 
-    def edit(m):
-        params = [dict(p) for p in m["parameters"]]
-        for p in params:
-            if p["name"] == "w13":
-                p["form"] = {**p["form"], "layout": "test-flip-k"}
-        return {**m, "parameters": params}
+    def with_layout(name):
+        def edit(m):
+            params = [dict(p) for p in m["parameters"]]
+            for p in params:
+                if p["name"] == "w13":
+                    p["form"] = {**p["form"], "layout": name}
+            return {**m, "parameters": params}
+        return edit
 
     p = tmp_path / "flip.mxmoe"
-    _rewrite_manifest(art, p, edit)
+    _rewrite_manifest(art, p, with_layout("test-flip-k"))
     a = A.Artifact(p)
     raw = _raw(layer)
     stored = stored_parameters(a.manifest, raw)
     np.testing.assert_array_equal(stored["w13"], raw["w13"][..., ::-1])
     np.testing.assert_array_equal(stored["w2"], compiled.parameters["w2"])
     arrays, _ = parameter_arrays(a)
-    with pytest.raises(WeightsError, match="'w13' is stored in layout 'test-flip-k'; the reference check needs its inverse"):
-        logical_parameters(a, arrays)
+    logical = logical_parameters(a, {**arrays, "w13": stored["w13"]})
+    np.testing.assert_array_equal(logical["w13"], raw["w13"])
+
+    q = tmp_path / "unknown.mxmoe"
+    _rewrite_manifest(art, q, with_layout("no-such-layout"))
+    b = A.Artifact(q)
+    with pytest.raises(WeightsError, match="weight 'w13': unknown layout 'no-such-layout'"):
+        logical_parameters(b, parameter_arrays(b)[0])
 
 
 def test_executors_share_one_iree_device_per_driver():

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mxmoe.layouts import TRITON_KMAJOR
+
 
 @dataclass(frozen=True)
 class WeightLayout:
@@ -58,7 +60,7 @@ COL_MAJOR = WeightLayout("col_major_kn", k_contiguous=False)
 
 LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}
 
-#: The layout the compiler assigns for cuda targets (``mxfp4-kmajor`` in compiler.targets): the
-#: checkpoint's K-contiguous order, so its transform is the identity and scales stay [E, N, K/32].
-KMAJOR = WeightLayout("triton-mxfp4-kmajor", k_contiguous=True)
+#: The layout the compiler assigns for cuda targets (``mxmoe.layouts.TRITON_KMAJOR``): the checkpoint's
+#: K-contiguous order, so its stored-form transform is the identity and scales stay [E, N, K/32].
+KMAJOR = WeightLayout(TRITON_KMAJOR, k_contiguous=True)
 LAYOUTS[KMAJOR.name] = KMAJOR
