@@ -443,12 +443,6 @@ def plan_triton(module: ir.Module, target: Target) -> dict[str, Any]:
     if target.backend != "triton":
         raise ValueError(f"{target.name} is not a Triton target")
     with module.context:
-        if any(op.name in _UNFUSED for op in _body_ops(_func(module.operation))):
-            # mxmoe-fuse skips a matmul whose result still feeds a dead torch_c bridge left by
-            # mxmoe-convert-torch-ops; clear dead ops and fuse again before matching.
-            from mxmoe.compiler.passes import run_passes
-
-            run_passes(module, [("canonicalize", None), ("mxmoe-fuse", None), ("mxmoe-verify", None)])
         try:
             layer = match_layer(module.operation)
         except VerifyError as e:
