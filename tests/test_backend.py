@@ -169,23 +169,23 @@ def test_compile_error_can_raise(shared_cache, monkeypatch, how):
             f(_x(3))
 
 
-def test_cuda_target_is_dispatched_and_falls_back_until_loadable(shared_cache, monkeypatch):
+def test_a_target_this_machine_cannot_run_falls_back_with_its_name(shared_cache, monkeypatch):
     assert B.target_for(torch.device("cpu")) == "cpu"
-    monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
+    monkeypatch.setattr(B, "target_for", lambda device: "rocm:gfx942")
     m = MoE.random(CFG)
     f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
     x = _x(4)
-    with pytest.warns(B.MxmoeFallbackWarning, match="cuda:sm_90"):
+    with pytest.warns(B.MxmoeFallbackWarning, match="rocm:gfx942"):
         with torch.no_grad():
             y = f(x)
     torch.testing.assert_close(y, m(x), atol=0, rtol=0)
 
 
-def test_triton_path_plugs_in_by_adding_it_to_loadable(monkeypatch):
-    """What enabling CUDA will be: "triton" in ``_LOADABLE``. Run here on the CPU, with the Triton module's
-    kernels under the interpreter (``interpret=True``), since this machine has no GPU."""
+def test_cuda_regions_go_through_the_triton_path(monkeypatch):
+    """CUDA tensors -> the Triton target. Run here on the CPU with the Triton module's kernels under the
+    interpreter (``interpret=True``), since this machine has no GPU; the GPU test below runs it for real."""
     pytest.importorskip("triton")
-    monkeypatch.setattr(B, "_LOADABLE", {"iree", "triton"})
+    assert "triton" in B._LOADABLE
     monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
     real_compile = mxmoe.compile
     monkeypatch.setattr(mxmoe, "compile", lambda src, target, **kw: real_compile(src, target=target, interpret=True))
@@ -394,3 +394,34 @@ def test_tiny_gpt_oss_generates_the_same_greedy_tokens(tiny_gpt_oss, shared_cach
     assert tokens.shape == (1, ids.shape[1] + 8)
     assert tokens.tolist() == ref_tokens.tolist()
     assert B.stats.fallbacks == 0 and _mxmoe_compiles() == 1 and B.stats.graphs >= 2, B.stats
+
+
+# ------------------------------------------------------------------------------------ on the GPU
+@pytest.mark.gpu
+def test_cuda_model_runs_its_moe_regions_through_triton(tmp_path):
+    pytest.importorskip("iree.compiler", reason="mxmoe.compile needs the MLIR bindings")
+    m = TwoLayers().cuda()
+    f = torch.compile(m, backend="mxmoe", options=_opts(tmp_path, fallback="raise"))
+    with torch.no_grad():
+        for n in (1, 5, 17, 300):
+            x = _x(n, seed=n).cuda()
+            torch.testing.assert_close(f(x), m(x), **BF16)
+    assert B.stats.regions == 2 and B.stats.fallbacks == 0 and B.stats.compiled == 1, B.stats
+
+
+@pytest.mark.gpu
+def test_tiny_gpt_oss_on_cuda_matches_eager_and_generates_the_same_tokens(tiny_gpt_oss, tmp_path):
+    pytest.importorskip("iree.compiler", reason="mxmoe.compile needs the MLIR bindings")
+    import copy
+
+    model, ids, _, _ = tiny_gpt_oss
+    model, ids = copy.deepcopy(model).cuda(), ids.cuda()
+    with torch.no_grad():  # the eager reference on the same device
+        ref_logits = model(ids).logits
+        ref_tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+    logits = _compiled_run(model, _opts(tmp_path, fallback="raise"), lambda: model(ids).logits)
+    torch.testing.assert_close(logits.float(), ref_logits.float(), atol=2e-2, rtol=2e-2)
+    tokens = _compiled_run(model, _opts(tmp_path, rest="eager", fallback="raise"),
+                           lambda: model.generate(ids, max_new_tokens=8, do_sample=False))
+    assert tokens.tolist() == ref_tokens.tolist()
+    assert B.stats.fallbacks == 0, B.stats

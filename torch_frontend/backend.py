@@ -6,7 +6,7 @@ What the backend does with each FX graph dynamo hands it:
    ``mxfp4_grouped_matmul``, ``glu``, ``combine``, their ``getitem``s) and the router ``linear`` that
    feeds ``route`` into regions, one per MoE layer.
 2. **Compile each region with mxmoe** for the device its tensors live on (cpu -> the IREE ``cpu`` target;
-   cuda -> ``cuda:sm_XY`` through Triton once that backend exists, see ``_LOADABLE``). The region is
+   cuda -> ``cuda:sm_XY`` through Triton, see ``_LOADABLE``). The region is
    exported with a dynamic token dimension, so 1, 5, 17 or 300 tokens run the same compiled module.
    **Weights** (inputs that dynamo lifted from module parameters/buffers, or ``get_attr`` constants) become
    the compiled module's parameters. They are *bound at run time*, not baked into the compiled code: the
@@ -137,11 +137,10 @@ def reset() -> None:
 
 
 # ---------------------------------------------------------------------------------- device targets
-#: mxmoe compiler backends whose compiled modules this backend runs. The CUDA path plugs in by adding
-#: "triton" here once ``mxmoe.compile(..., target="cuda:sm_90")`` returns a module that is called like the
-#: IREE one (``module(*activations)``) on CUDA tensors; binding goes through the same stored forms. Only
-#: IREE modules go to the disk cache (``_Compiled.payload``).
-_LOADABLE = {"iree"}
+#: mxmoe compiler backends whose compiled modules this backend runs: IREE (cpu) and Triton (cuda), both
+#: called as ``module(*activations)`` with weights bound through the same stored forms. Only IREE modules
+#: go to the disk cache (``_Compiled.payload``); Triton regions are compiled once per process.
+_LOADABLE = {"iree", "triton"}
 
 
 def target_for(device: torch.device) -> str:
