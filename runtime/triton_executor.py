@@ -29,6 +29,7 @@ import torch
 
 from mxmoe.runtime.triton_kernels.expr import evaluate
 from mxmoe.runtime.triton_kernels.kernel_plan import PlanError, arg_type, environment, shape_class, validate
+from mxmoe.runtime.triton_kernels.tile_config import compile_stages
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                  "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
@@ -294,11 +295,14 @@ class TritonExecutor:
         if self.mode == "cubin":
             self._cubins[entry_name].launch(grid, args, self.device)
             return
+        import triton
+
         from mxmoe.runtime.triton_kernels.kernels import get_kernel
 
         entry = self.plan["kernels"][entry_name]
         fn = get_kernel(entry["kernel"], interpret=self.mode == "interpret")
-        fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=entry["num_stages"])
+        stages = compile_stages(entry["kernel"], entry["constexprs"], entry["num_stages"], triton.__version__)
+        fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=stages)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -234,3 +234,15 @@ def test_process_started_with_triton_interpret_set():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().startswith("ok")
+
+
+def test_old_tritons_compile_the_prefill_gemms_unpipelined():
+    """Triton 3.6 miscompiled the pipelined prefill GEMMs on an H100 (see tile_config.compile_stages)."""
+    from mxmoe.runtime.triton_kernels.tile_config import compile_stages
+
+    prefill = {"BLOCK_M": 128}
+    assert compile_stages("glu_gemm", prefill, 4, "3.6.0") == 1
+    assert compile_stages("combine_gemm", prefill, 4, "3.8.1+git") == 1
+    assert compile_stages("glu_gemm", prefill, 4, "3.9.0") == 4
+    assert compile_stages("glu_gemm", {"BLOCK_M": 64}, 4, "3.6.0") == 4
+    assert compile_stages("route", prefill, 4, "3.6.0") == 4

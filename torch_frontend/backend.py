@@ -666,7 +666,6 @@ def register() -> None:
         register_backend(compiler_fn=mxmoe_backend, name="mxmoe")
 
 
-def register_if_dynamo_loaded() -> None:
-    """Register only when dynamo is already imported, so importing mxmoe does not pay for importing it."""
-    if "torch._dynamo" in sys.modules:
-        register()
+# Importing this module means the backend is wanted: make "mxmoe" resolvable even where the package is not
+# installed (no entry point), e.g. a source checkout on a GPU machine.
+register()

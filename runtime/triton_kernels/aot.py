@@ -15,7 +15,7 @@ from triton.compiler import ASTSource
 from ._launch import KernelLaunch
 from .layout import ROW_MAJOR, WeightLayout
 from .moe import plan_moe_forward
-from .tile_config import TileConfig
+from .tile_config import TileConfig, compile_stages
 
 
 def _jit_function(kernel):
@@ -111,7 +111,9 @@ def compile_plan(plan, arch: int | None = None) -> tuple[dict[str, bytes], dict[
     try:
         for name, entry in plan["kernels"].items():
             compiled = triton.compile(_plan_source(plan, entry), target=GPUTarget("cuda", arch, 32),
-                                      options=dict(num_warps=entry["num_warps"], num_stages=entry["num_stages"],
+                                      options=dict(num_warps=entry["num_warps"],
+                                                   num_stages=compile_stages(entry["kernel"], entry["constexprs"],
+                                                                             entry["num_stages"], triton.__version__),
                                                   enable_fp_fusion=True))  # the JIT default
             binaries[name] = bytes(compiled.asm["cubin"])
             md = compiled.metadata

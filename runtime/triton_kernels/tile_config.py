@@ -88,3 +88,16 @@ def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -
     """
     del top_k  # see docstring
     return class_config(shape_class(num_tokens), N, K, arch)
+
+
+def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:
+    """The software-pipelining depth to compile a plan kernel with, on this Triton version.
+
+    Measured on an H100: with Triton 3.6, the grouped dot_scaled GEMMs at the prefill tile (BLOCK_M=128)
+    and num_stages=4 returned wrong sums from 4096 tokens up, and num_stages=1 was right; Triton 3.9
+    cubins of the same plan were right. So older Tritons compile those kernels unpipelined.
+    """
+    major_minor = tuple(int(p) for p in triton_version.split("+")[0].split(".")[:2])
+    if major_minor < (3, 9) and kernel in ("glu_gemm", "combine_gemm") and constexprs.get("BLOCK_M", 0) >= 128:
+        return 1
+    return num_stages
