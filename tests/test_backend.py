@@ -409,7 +409,8 @@ def test_cuda_model_runs_its_moe_regions_through_triton(tmp_path):
             # Two stacked bf16 layers with inductor's fused norm/residual around them: a few elements sit a
             # bf16 step or two apart (seen: 3 of 19200 at 300 tokens), so bound the error by the output scale.
             assert (out - ref).abs().max() <= 2e-2 * ref.abs().max(), (n, (out - ref).abs().max(), ref.abs().max())
-    assert B.stats.regions == 2 and B.stats.fallbacks == 0 and B.stats.compiled == 1, B.stats
+    # dynamo may trace twice (a 1-token graph, then the dynamic one): two regions each, one mxmoe compile
+    assert B.stats.regions == 2 * B.stats.graphs and B.stats.fallbacks == 0 and B.stats.compiled == 1, B.stats
 
 
 @pytest.mark.gpu
