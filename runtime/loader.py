@@ -218,18 +218,22 @@ def _resolve_set(art: Artifact, weights, weight_set, layer) -> str | None:
     return weight_set
 
 
+def _embedded_weight_section(art: Artifact, weight_set, verify: bool):
+    """(weight set entry, its section's info, a view of the section) for an embedded weight set."""
+    ws = art.weight_set(weight_set)
+    if verify:
+        art.verify([ws["section"]])
+    return ws, art.section_info(ws["section"]), art.section(ws["section"])
+
+
 def _iree_parameters(art: Artifact, weights, weight_set, layer, verify):
     """Parameters for the IREE executor: an index over the embedded archive (mmapped), or arrays."""
-    wm = art.manifest["weights"]
-    if weights is None and wm.get("storage") == "embedded":
-        ws = art.weight_set(weight_set)
-        if verify:
-            art.verify([ws["section"]])
-        info = art.section_info(ws["section"])
+    if weights is None and art.manifest["weights"].get("storage") == "embedded":
+        ws, info, view = _embedded_weight_section(art, weight_set, verify)
         if info["kind"] != KIND_IRPA:
             raise ArtifactError(f"{art.path}: weight section {ws['section']!r} is {info['kind']}, expected {KIND_IRPA}")
         try:
-            return irpa_index(art.section(ws["section"])), ws["name"]
+            return irpa_index(view), ws["name"]
         except RuntimeError as e:
             raise ArtifactError(f"{art.path}: corrupt weight archive {ws['section']!r} ({str(e).splitlines()[0]})") from None
     return _parameter_arrays(art, weights, weight_set, layer, verify)
@@ -237,13 +241,8 @@ def _iree_parameters(art: Artifact, weights, weight_set, layer, verify):
 
 def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify) -> tuple[dict[str, np.ndarray], str]:
     """Stored-form arrays by parameter name: from an embedded section or from external weights."""
-    wm = art.manifest["weights"]
-    if weights is None and wm.get("storage") == "embedded":
-        ws = art.weight_set(weight_set)
-        if verify:
-            art.verify([ws["section"]])
-        info = art.section_info(ws["section"])
-        view = art.section(ws["section"])
+    if weights is None and art.manifest["weights"].get("storage") == "embedded":
+        ws, info, view = _embedded_weight_section(art, weight_set, verify)
         if info["kind"] == KIND_SAFETENSORS:
             return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
         return _irpa_arrays(art, view), ws["name"]
