@@ -133,7 +133,7 @@ def test_root_block_and_non_modules_are_rejected():
 def test_input_checks():
     model = nn.ModuleDict({"mlp": _mlp()})
     convert(model)
-    with pytest.raises(ValueError, match="last dim must be 64"):
+    with pytest.raises(ValueError, match=r"GptOssMoE: input must be \[T, 64\]"):
         model["mlp"](torch.zeros(1, 2, 32))
     with pytest.raises(ValueError, match="does not match the layer's dtype"):
         model["mlp"](torch.zeros(1, 2, H, dtype=torch.bfloat16))

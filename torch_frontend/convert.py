@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mxmoe.torch_frontend import ops
 from mxmoe.torch_frontend.moe import MoE
 
 __all__ = ["convert", "ConversionReport", "Replacement", "GptOssMoE"]
@@ -45,19 +43,7 @@ class GptOssMoE(MoE):
     """
 
     def forward(self, hidden_states: torch.Tensor):  # type: ignore[override]
-        cfg = self.config
-        if hidden_states.shape[-1] != cfg.hidden:
-            raise ValueError(f"GptOssMoE: last dim must be {cfg.hidden}, got shape {tuple(hidden_states.shape)}")
-        if hidden_states.dtype != self.dtype:
-            raise ValueError(f"GptOssMoE: input dtype {hidden_states.dtype} does not match the layer's dtype "
-                             f"{self.dtype}")
-        tokens = hidden_states.reshape(-1, cfg.hidden)
-        logits = F.linear(tokens, self.router_weight, self.router_bias)
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
-        h = ops.mxfp4_grouped_matmul(tokens, ids, self.w13, self.w13_scale, self.w13_bias)
-        a = ops.glu(h, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit, cfg.interleaved)
-        y = ops.mxfp4_grouped_matmul(a, ids, self.w2, self.w2_scale, self.w2_bias)
-        out = ops.combine(y, weights).reshape(hidden_states.shape)
+        out, weights = self.forward_with_routing(hidden_states)
         return out, weights.to(hidden_states.dtype)
 
 

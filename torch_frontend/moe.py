@@ -88,18 +88,23 @@ class MoE(nn.Module):
 
     # ------------------------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_routing(x)[0]
+
+    def forward_with_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output (``x``'s shape) and each token's top-k routing weights ``[T, k]`` (fp32)."""
         cfg = self.config
+        name = type(self).__name__
         if x.shape[-1] != cfg.hidden or x.dim() not in (2, 3):
-            raise ValueError(f"MoE: input must be [T, {cfg.hidden}] or [B, S, {cfg.hidden}], got {tuple(x.shape)}")
+            raise ValueError(f"{name}: input must be [T, {cfg.hidden}] or [B, S, {cfg.hidden}], got {tuple(x.shape)}")
         if x.dtype != self.dtype:
-            raise ValueError(f"MoE: input dtype {x.dtype} does not match the layer's dtype {self.dtype}")
+            raise ValueError(f"{name}: input dtype {x.dtype} does not match the layer's dtype {self.dtype}")
         tokens = x.reshape(-1, cfg.hidden)
         logits = F.linear(tokens, self.router_weight, self.router_bias)
         weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
         h = ops.mxfp4_grouped_matmul(tokens, ids, self.w13, self.w13_scale, self.w13_bias)
         a = ops.glu(h, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit, cfg.interleaved)
         y = ops.mxfp4_grouped_matmul(a, ids, self.w2, self.w2_scale, self.w2_bias)
-        return ops.combine(y, weights).reshape(x.shape)
+        return ops.combine(y, weights).reshape(x.shape), weights
 
     def extra_repr(self) -> str:
         c = self.config
