@@ -192,3 +192,17 @@ def test_scaling_extf_decode_variant(monkeypatch):
     cm = mxmoe.compile(moe, target="cpu")
     assert "arith.scaling_extf" in cm.mlir and "f4E2M1FN" in cm.mlir and "f8E8M0FNU" in cm.mlir
     check_tokens(cm, moe, tokens=(7, 64))
+
+
+@pytest.mark.parametrize("form,decode,readback", [("lanes8", "int", "separate"), ("lanes8", "signmag", "packed")])
+def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
+    """The first lane matvec (8 lanes, ``code_value_lines`` decode, three read backs per expert) and its
+    sign/magnitude decode stay selectable and exact; the default is the block matvec (docs/cpu.md)."""
+    from mxmoe.compiler.passes.lowering import cpu_grouped
+
+    monkeypatch.setattr(cpu_grouped, "MATVEC_FORM", form)
+    monkeypatch.setattr(cpu_grouped, "MATVEC_DECODE", decode)
+    monkeypatch.setattr(cpu_grouped, "LOOP_READBACK", readback)
+    moe = MoE.random(TINY, seed=8)
+    cm = mxmoe.compile(moe, target="cpu")
+    check_tokens(cm, moe, tokens=(1, 7, 64))

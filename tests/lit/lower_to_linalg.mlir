@@ -14,8 +14,9 @@ util.global private @w13_bias {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weig
 util.global private @w2 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w2"> : tensor<4x64x16xi8>
 util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w2_scale"> : tensor<4x64x1xi8>
 
-// The lane matvec's tile sizes are pinned (one row, 64 outputs x 8 lanes per workgroup):
-// CHECK: #[[CONFIG:.+]] = #iree_cpu.lowering_config<distribution = [1, 64, 8, 0, 0, 0], vector_common_parallel = [1, 4, 8, 0, 0, 0], vector_reduction = [0, 0, 0, 1, 1, 1]>
+// The block matvec's tile sizes are pinned (one row, 64 outputs x one 32-value block per workgroup step;
+// vectors of 1 output x 2 nibble halves x 16 bytes, reduction over the blocks one at a time):
+// CHECK: #[[CONFIG:.+]] = #iree_cpu.lowering_config<distribution = [1, 64, 2, 16, 0], vector_common_parallel = [1, 1, 2, 16, 0], vector_reduction = [0, 0, 0, 0, 1]>
 // CHECK: #[[COMP:.+]] = #iree_codegen.compilation_info<lowering_config = #[[CONFIG]]
 
 // The weights stay parameters: the globals are untouched.
@@ -57,6 +58,11 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: %[[OFFS:.+]]:2 = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}}, %{{.+}} : tensor<4xi32>, tensor<4xi32>)
 // CHECK: %[[USED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]], %[[OFFS]]#1 : tensor<4xi32>, tensor<4xi32>)
 // CHECK: %[[NUSED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}} : tensor<i32>)
+// info[u] = id | offset << 16 | rows << 40 of used expert u, one i64 read back per loop iteration
+// CHECK: %[[INFO:.+]] = linalg.generic {{.*}} ins(%[[USED]] : tensor<4xi32>) outs(%{{.+}} : tensor<4xi64>)
+// CHECK: tensor.extract %[[OFFS]]#0[%{{.+}}] : tensor<4xi32>
+// CHECK: tensor.extract %[[COUNTS]][%{{.+}}] : tensor<4xi32>
+// CHECK: arith.shli %{{.+}}, %{{.+}} : i64
 // 2. activations gathered in expert order: whole rows, contiguous along K
 // CHECK: %[[XS:.+]] = linalg.generic {{.*}} ins(%[[ORDER]] : tensor<?xi32>) outs(%{{.+}} : tensor<?x64xbf16>)
 // CHECK: tensor.extract %[[GX]][%{{.+}}, %{{.+}}] : tensor<?x64xbf16>
@@ -64,27 +70,36 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
 // CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
 // CHECK: %[[YS:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
-// CHECK: tensor.extract %[[USED]][%[[U]]] : tensor<4xi32>
-// CHECK: tensor.extract %[[OFFS]]#0[%{{.+}}] : tensor<4xi32>
-// CHECK: tensor.extract %[[COUNTS]][%{{.+}}] : tensor<4xi32>
+// CHECK: %[[PK:.+]] = tensor.extract %[[INFO]][%[[U]]] : tensor<4xi64>
+// CHECK: arith.andi %[[PK]], %{{.+}} : i64
+// CHECK: arith.shrui %[[PK]], %{{.+}} : i64
+// CHECK: arith.shrui %[[PK]], %{{.+}} : i64
 // the expert's rows and its weights are slices at a dynamic offset: no byte gather
 // CHECK: %[[XE:.+]] = tensor.extract_slice %[[XS]][%[[OFF:.+]], 0] [%[[CNT:.+]], 64] [1, 1] : tensor<?x64xbf16> to tensor<?x64xbf16>
 // CHECK: %[[WE:.+]] = tensor.extract_slice %[[GW]][%[[E:.+]], 0, 0] [1, 64, 32] [1, 1, 1] : tensor<4x64x32xi8> to tensor<64x32xi8>
 // CHECK: %[[SE:.+]] = tensor.extract_slice %[[GS]][%[[E]], 0, 0] [1, 64, 2] [1, 1, 1] : tensor<4x64x2xi8> to tensor<64x2xi8>
 // CHECK: tensor.extract_slice %[[GB]][%[[E]], 0] [1, 64] [1, 1] : tensor<4x64xbf16> to tensor<64xbf16>
-// few rows: the lane matvec, decode in the body, 8 lanes over 8 consecutive bytes / activations
+// few rows: the block matvec, decode in the body; (row, output, nibble half, byte) parallel, blocks reduced
 // CHECK: %[[SMALL:.+]] = arith.cmpi ule, %[[CNT]], %{{.+}} : index
 // CHECK: scf.if %[[SMALL]] -> (tensor<?x64xf32>)
-// CHECK: tensor.expand_shape %[[XE]] {{\[}}[0], [1, 2, 3, 4]] output_shape [%[[CNT]], 2, 2, 2, 8] : tensor<?x64xbf16> into tensor<?x2x2x2x8xbf16>
-// CHECK: tensor.expand_shape %[[WE]] {{\[}}[0], [1, 2, 3]] output_shape [64, 2, 2, 8] : tensor<64x32xi8> into tensor<64x2x2x8xi8>
-// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins({{.*}} : tensor<?x2x2x2x8xbf16>, tensor<64x2x2x8xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<?x64x8xf32>) attrs =  {compilation_info = #[[COMP]]}
-// CHECK: arith.shrui
-// CHECK: math.fma
-// CHECK: arith.minimumf
-// CHECK: arith.xori
+// CHECK: tensor.expand_shape %[[XE]] {{\[}}[0], [1, 2, 3]] output_shape [%[[CNT]], 2, 2, 16] : tensor<?x64xbf16> into tensor<?x2x2x16xbf16>
+// CHECK: tensor.expand_shape %[[WE]] {{\[}}[0], [1, 2]] output_shape [64, 2, 16] : tensor<64x32xi8> into tensor<64x2x16xi8>
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins({{.*}} : tensor<?x2x2x16xbf16>, tensor<64x2x16xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<?x64x2x16xf32>) attrs =  {compilation_info = #[[COMP]]}
+// the nibble's sign bit shifted to bit 31, magnitude from the same word, min as compare + select
+// CHECK: %[[NH:.+]] = linalg.index 2 : index
+// CHECK: %[[SH:.+]] = arith.shli %{{.+}}, %{{.+}} : i32
+// CHECK: %[[SG:.+]] = arith.andi %[[SH]], %{{.+}} : i32
+// CHECK: arith.shrui %[[SH]], %{{.+}} : i32
+// CHECK: %[[G:.+]] = arith.bitcast %{{.+}} : i32 to f32
+// CHECK: %[[G2:.+]] = math.fma %[[G]], %{{.+}}, %{{.+}} : f32
+// CHECK: %[[LT:.+]] = arith.cmpf olt, %[[G2]], %[[G]] : f32
+// CHECK: arith.select %[[LT]], %[[G2]], %[[G]] : f32
+// CHECK: arith.xori %{{.+}}, %[[SG]] : i32
 // CHECK: arith.mulf
 // CHECK: arith.addf
-// CHECK: } -> tensor<?x64x8xf32>
+// CHECK: } -> tensor<?x64x2x16xf32>
+// the 32 partial sums per output are summed by a second generic
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins({{.*}} : tensor<?x64x2x16xf32>) outs({{.*}} : tensor<?x64xf32>)
 // CHECK: flow.tensor.tie_shape %{{.+}} : tensor<?x64xf32>{%[[CNT]]}
 // many rows: decode the expert once (f32, value order), then a contraction over (K/32, 32)
 // CHECK: } else {

@@ -10,15 +10,18 @@ rows are grouped by expert so that each used expert's weights are read once:
    at 2048 slots; never any weight traffic.
 2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies).
 3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
-   routing picked, so an expert no token chose costs nothing): the expert's weights are a
+   routing picked, so an expert no token chose costs nothing; each iteration reads back one packed i64,
+   ``id | offset << 16 | rows << 40``): the expert's weights are a
    ``tensor.extract_slice`` of the parameter at a dynamic offset (no copy, no byte gather) and its rows
    a slice of ``xs``. Two kernels, picked per expert from its row count:
 
-   * few rows (``count <= SMALL_ROWS``): a *lane matvec*: one linalg.generic whose body decodes the
-     e2m1 nibble and e8m0 scale with integer/bit ops and accumulates ``x * w`` into 8 independent f32
-     lanes per output (a parallel lane dimension over 8 contiguous K elements), so the inner loop is
-     plain 8-wide SIMD with no horizontal reduction; a second generic sums the lanes. Nothing
-     dequantized is ever written to memory. Its tile sizes are pinned with ``compilation_info``.
+   * few rows (``count <= SMALL_ROWS``): a *block matvec* (``MATVEC_FORM = "block"``): one linalg.generic
+     over ``(row, out, nibble half, byte, block)`` whose body decodes the e2m1 nibble and e8m0 scale
+     with integer/bit ops and accumulates ``x * w`` into 32 f32 partial sums per output (one whole
+     32-value block per reduction step, all other dims parallel, so the inner loop is plain SIMD with no
+     horizontal reduction); a second generic sums the partials. Nothing dequantized is ever written to
+     memory. Its tile sizes are pinned with ``compilation_info``. ``MATVEC_FORM = "lanes8"`` selects the
+     first version (8 lanes, the block's 2 x 2 vectors as inner reduction loops).
    * many rows: the expert's weights are decoded once to f32 (an elementwise generic) and multiplied
      with a contraction generic that IREE tiles and vectorizes as a matmul: decode cost amortized over
      the rows. ``DECODE_FOR_MATMUL`` picks the decode: the integer one (default, faster here) or
@@ -40,13 +43,33 @@ from mxmoe.compiler.passes.lowering import mxfp4
 from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
-#: an expert with at most this many routed rows uses the lane matvec; more rows use decode + matmul
+#: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
 SMALL_ROWS = 8
-#: lanes of the matvec (f32 accumulators per output row): one AVX2 vector
+#: lanes of the "lanes8" matvec (f32 accumulators per output row): one AVX2 vector
 LANES = 8
 #: "int" (bit-twiddling decode) or "scaling_extf" (arith.scaling_extf on bitcast f4/f8 views) for the
 #: decode-once kernel; see docs/cpu.md for the measurements behind the default.
 DECODE_FOR_MATMUL = "int"
+#: decode of the "lanes8" matvec (the "block" form always uses "signmag"): "signmag" (one variable shift puts the nibble's sign bit at bit 31, the
+#: magnitude is taken from the same word, ``min`` as a compare + select so it lowers to one ``vminps``)
+#: or "int" (the first version: :func:`mxfp4.code_value_lines`, whose ``arith.minimumf`` costs a NaN
+#: check and a blend per vector). Both exact; docs/cpu.md has the measurements.
+MATVEC_DECODE = "signmag"
+#: outputs per vector tile of the "lanes8" matvec (4 rows x 8 lanes)
+MATVEC_VECTOR_ROWS = 4
+#: vector tile of the "lanes8" matvec's (K/32, 2, 2) reduction dims ((1, 2, 2) measured 4x slower)
+MATVEC_REDUCTION_TILE = (1, 1, 1)
+#: "block" (a whole 32-value block per step: parallel (row, out, nibble half, 16 bytes), reduction over
+#: the blocks only, 32 f32 partial sums per output) or "lanes8" (the first version: 8 lanes, the block's
+#: 2 x 2 vectors as inner reduction loops)
+MATVEC_FORM = "block"
+#: "packed": the host loop reads each used expert's (id, offset, rows) back as one i64 (one device round
+#: trip per expert); "separate": three i32 reads (the first version)
+LOOP_READBACK = "packed"
+#: outputs per vector tile of the "block" form (each takes 4 ymm accumulators; 2 or 4 measured 3x slower)
+BLOCK_VECTOR_ROWS = 1
+#: vector tile of its (nibble half, byte) dims
+BLOCK_VECTOR_TILE = (2, 16)
 
 
 def _matvec_config(n: int) -> str:
@@ -56,13 +79,55 @@ def _matvec_config(n: int) -> str:
         return ""
     rows = 64 if n % 64 == 0 else 32
     return ("compilation_info = #iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
-            f"distribution = [1, {rows}, {LANES}, 0, 0, 0], vector_common_parallel = [1, 4, {LANES}, 0, 0, 0], "
-            "vector_reduction = [0, 0, 0, 1, 1, 1]>, translation_info = #iree_codegen.translation_info<"
+            f"distribution = [1, {rows}, {LANES}, 0, 0, 0], vector_common_parallel = [1, {MATVEC_VECTOR_ROWS}, {LANES}, 0, 0, 0], "
+            f"vector_reduction = [0, 0, 0, {', '.join(map(str, MATVEC_REDUCTION_TILE))}]>, translation_info = #iree_codegen.translation_info<"
             "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+def _block_config(n: int) -> str:
+    if n % 32:
+        return ""
+    rows = 64 if n % 64 == 0 else 32
+    return ("compilation_info = #iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+            f"distribution = [1, {rows}, 2, 16, 0], vector_common_parallel = [1, {BLOCK_VECTOR_ROWS}, {BLOCK_VECTOR_TILE[0]}, {BLOCK_VECTOR_TILE[1]}, 0], "
+            "vector_reduction = [0, 0, 0, 0, 1]>, translation_info = #iree_codegen.translation_info<"
+            "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+def _block_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: str, n: int, kk: int) -> str:
+    """[cnt, n] f32 = init + xe[cnt, kk] @ dequant(we)^T, one 32-value block per reduction step.
+
+    Iteration space ``(m, n, h, i, kb)``: value ``kb*32 + 16h + i`` is nibble ``h`` of byte ``kb*16 + i``
+    (the blocksplit layout), so all dims but ``kb`` are parallel and vectorize without any reduction
+    inside a block: 32 f32 partial sums (4 ymm) per output row, summed by a second generic.
+    """
+    kb = kk // 32
+    x4t = tt([None, kb, 2, 16], xel)
+    x4 = b.v(f"tensor.expand_shape {xe} [[0], [1, 2, 3]] output_shape [{cnt}, {kb}, 2, 16] : "
+             f"{tt([None, kk], xel)} into {x4t}", "x")
+    w3t = tt([n, kb, 16], "i8")
+    w3 = b.v(f"tensor.expand_shape {we} [[0], [1, 2]] output_shape [{n}, {kb}, 16] : "
+             f"{tt([n, kk // 2], 'i8')} into {w3t}", "w")
+    pt = tt([None, n, 2, 16], "f32")
+    part0 = filled(b, [None, n, 2, 16], "f32", [cnt], "0.0")
+    body = (["%h = linalg.index 2 : index"] + mxfp4.signmag_nibble_value_lines("%wb", "%h", "%wv")
+            + mxfp4.scale_lines("%sb", "%sv") + to_f32_lines("%xv", xel, "%xf")
+            + ["%ws = arith.mulf %wv, %sv : f32", "%p = arith.mulf %ws, %xf : f32", "%r = arith.addf %acc, %p : f32",
+               "linalg.yield %r : f32"])
+    part = generic(b, [(x4, x4t, amap(5, "d0, d4, d2, d3")), (w3, w3t, amap(5, "d1, d4, d3")),
+                       (se, tt([n, kb], "i8"), amap(5, "d1, d4"))],
+                   [(part0, pt, amap(5, "d0, d1, d2, d3"))],
+                   ["parallel", "parallel", "parallel", "parallel", "reduction"], body,
+                   [("%xv", xel), ("%wb", "i8"), ("%sb", "i8"), ("%acc", "f32")], attrs=_block_config(n))
+    return generic(b, [(part, pt, amap(4, "d0, d1, d2, d3"))],
+                   [(init, tt([None, n], "f32"), amap(4, "d0, d1"))], ["parallel", "parallel", "reduction", "reduction"],
+                   ["%r = arith.addf %a, %o : f32", "linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])
 
 
 def _lane_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: str, n: int, kk: int) -> str:
     """[cnt, n] f32 = init + xe[cnt, kk] @ dequant(we)^T with the decode in the inner loop."""
+    if MATVEC_FORM == "block":
+        return _block_matvec(b, xe, xel, we, se, init, cnt, n, kk)
     kb, i1 = kk // 32, 16 // LANES
     x5t = tt([None, kb, 2, i1, LANES], xel)
     x5 = b.v(f"tensor.expand_shape {xe} [[0], [1, 2, 3, 4]] output_shape [{cnt}, {kb}, 2, {i1}, {LANES}] : "
@@ -71,7 +136,11 @@ def _lane_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: s
     w4 = b.v(f"tensor.expand_shape {we} [[0], [1, 2, 3]] output_shape [{n}, {kb}, {i1}, {LANES}] : "
              f"{tt([n, kk // 2], 'i8')} into {w4t}", "w")
     part0 = filled(b, [None, n, LANES], "f32", [cnt], "0.0")
-    body = (mxfp4.nibble_lines("%wb", "%h", "%q") + mxfp4.code_value_lines("%q", "%wv") + mxfp4.scale_lines("%sb", "%sv")
+    if MATVEC_DECODE == "signmag":
+        dec = mxfp4.signmag_nibble_value_lines("%wb", "%h", "%wv")
+    else:
+        dec = mxfp4.nibble_lines("%wb", "%h", "%q") + mxfp4.code_value_lines("%q", "%wv")
+    body = (dec + mxfp4.scale_lines("%sb", "%sv")
             + to_f32_lines("%xv", xel, "%xf")
             + ["%ws = arith.mulf %wv, %sv : f32", "%p = arith.mulf %ws, %xf : f32", "%r = arith.addf %acc, %p : f32",
                "linalg.yield %r : f32"])
@@ -209,7 +278,19 @@ def _sort_slots(b: Body, ids_flat: str, S: str, e: int) -> dict[str, str]:
                     ["reduction"],
                     ["%z = arith.constant 0 : i32", "%nz = arith.cmpi sgt, %c, %z : i32", "%ci = arith.extui %nz : i1 to i32",
                      "%r = arith.addi %o, %ci : i32", "linalg.yield %r : i32"], [("%c", "i32"), ("%o", "i32")])
-    return {"pos": pos, "order": order, "counts": counts, "offsets": offsets, "used": used, "nused": nused}
+    # info[u] = used expert u's id | its offset << 16 | its row count << 40: the loop reads back one
+    # i64 per expert instead of three i32 (each read back is a device round trip)
+    info = generic(b, [(used, evec, amap(1, "d0"))], [(empty(b, [e], "i64", []), tt([e], "i64"), amap(1, "d0"))],
+                   ["parallel"],
+                   ["%ei = arith.index_cast %u : i32 to index",
+                    f"%of = tensor.extract {offsets}[%ei] : {evec}", f"%ct = tensor.extract {counts}[%ei] : {evec}",
+                    "%u64 = arith.extui %u : i32 to i64", "%o64 = arith.extui %of : i32 to i64", "%c64 = arith.extui %ct : i32 to i64",
+                    "%k16 = arith.constant 16 : i64", "%k40 = arith.constant 40 : i64",
+                    "%os = arith.shli %o64, %k16 : i64", "%cs = arith.shli %c64, %k40 : i64",
+                    "%a = arith.ori %u64, %os : i64", "%r = arith.ori %a, %cs : i64", "linalg.yield %r : i64"],
+                   [("%u", "i32"), ("%o", "i64")])
+    return {"pos": pos, "order": order, "counts": counts, "offsets": offsets, "used": used, "nused": nused,
+            "info": info}
 
 
 def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
@@ -218,6 +299,8 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
 
     Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope.
     """
+    if e > 0xFFFF:
+        raise ValueError(f"cpu grouped matmul: {e} experts do not fit the 16-bit expert field of the loop's packed table")
     xel = str(xt.element_type)
     c0, c1 = b.const(0, "index"), b.const(1, "index")
     ck = b.const(k, "index")
@@ -242,9 +325,19 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         v32 = lb.v(f"tensor.extract {srt[table]}[{at}] : {evec}", prefix)
         return lb.v(f"arith.index_cast {v32} : i32 to index", prefix)
 
-    eid = load("used", "%ui", "e")
-    off = load("offsets", eid, "o")
-    cnt = load("counts", eid, "n")
+    packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk") if LOOP_READBACK == "packed" else None
+
+    def field(shift: int, mask: int, prefix: str) -> str:
+        v = lb.v(f"arith.shrui {packed}, {lb.const(shift, 'i64')} : i64", prefix) if shift else packed
+        if mask:
+            v = lb.v(f"arith.andi {v}, {lb.const(mask, 'i64')} : i64", prefix)
+        return lb.v(f"arith.index_cast {v} : i64 to index", prefix)
+
+    if packed is not None:
+        eid, off, cnt = field(0, 0xFFFF, "e"), field(16, 0xFFFFFF, "o"), field(40, 0, "n")
+    else:
+        eid = load("used", "%ui", "e")
+        off, cnt = load("offsets", eid, "o"), load("counts", eid, "n")
     xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
     xe_dec = xe if xs_dec == xs else lb.v(
         f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")

@@ -29,6 +29,33 @@ def code_value_lines(q: str, out: str, p: str = "dv") -> list[str]:
     ]
 
 
+def signmag_nibble_value_lines(byte_i8: str, half_index: str, out: str, p: str = "sm") -> list[str]:
+    """f32 value of nibble ``half_index`` (an index value, 0 = low) of the i8 ``byte_i8``: the same exact
+    value as :func:`nibble_lines` + :func:`code_value_lines`, in fewer vector ops.
+
+    ``a = byte << (28 - 4h)`` puts the nibble's sign bit at bit 31 (and shifts the other nibble out or
+    below bit 28); ``(a >> 6) & 0x01C00000`` is the 3-bit magnitude at bits 22-24, decoded as in
+    :func:`code_value_lines` (``g = bits(0x3F000000 + ...)``, ``min(g, 2g - 1)`` for the subnormals, here a
+    compare + select that lowers to one ``vminps``: neither operand is ever NaN), and ``a & 0x80000000``
+    is xor-ed in as the sign.
+    """
+    return [
+        f"%{p}q = arith.extui {byte_i8} : i8 to i32", f"%{p}h = arith.index_cast {half_index} : index to i32",
+        f"%{p}k4 = arith.constant 4 : i32", f"%{p}k28 = arith.constant 28 : i32", f"%{p}k6 = arith.constant 6 : i32",
+        f"%{p}kmag = arith.constant 29360128 : i32", f"%{p}khalf = arith.constant 1056964608 : i32",
+        f"%{p}ksgn = arith.constant -2147483648 : i32",
+        f"%{p}k2 = arith.constant 2.0 : f32", f"%{p}km1 = arith.constant -1.0 : f32",
+        f"%{p}h4 = arith.muli %{p}h, %{p}k4 : i32", f"%{p}sh = arith.subi %{p}k28, %{p}h4 : i32",
+        f"%{p}a = arith.shli %{p}q, %{p}sh : i32", f"%{p}sg = arith.andi %{p}a, %{p}ksgn : i32",
+        f"%{p}b0 = arith.shrui %{p}a, %{p}k6 : i32", f"%{p}b = arith.andi %{p}b0, %{p}kmag : i32",
+        f"%{p}c = arith.addi %{p}b, %{p}khalf : i32", f"%{p}g = arith.bitcast %{p}c : i32 to f32",
+        f"%{p}g2 = math.fma %{p}g, %{p}k2, %{p}km1 : f32",
+        f"%{p}lt = arith.cmpf olt, %{p}g2, %{p}g : f32", f"%{p}m = arith.select %{p}lt, %{p}g2, %{p}g : f32",
+        f"%{p}mi = arith.bitcast %{p}m : f32 to i32", f"%{p}vi = arith.xori %{p}mi, %{p}sg : i32",
+        f"{out} = arith.bitcast %{p}vi : i32 to f32",
+    ]
+
+
 def scale_lines(s_i8: str, out: str, p: str = "sc") -> list[str]:
     """f32 value of the e8m0 byte ``s_i8`` (i8), exactly, including 0 (2^-127) and 255 (NaN)."""
     return [

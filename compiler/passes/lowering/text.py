@@ -52,15 +52,21 @@ def generic(b: Body, ins: list[tuple[str, str, str]], outs: list[tuple[str, str,
     return b.v(text, "g", nres)
 
 
+def _f32_identity(v: str, out: str) -> list[str]:
+    """``out = v`` under a fresh SSA name: ``v + -0.0`` is ``v`` for every input (LLVM folds it away; a
+    ``maximumf v, v`` stays as a NaN check + blend per vector in the generated code)."""
+    return [f"{out}_nz = arith.constant -0.0 : f32", f"{out} = arith.addf {v}, {out}_nz : f32"]
+
+
 def to_f32_lines(v: str, el: str, out: str) -> list[str]:
     if el == "f32":
-        return [f"{out} = arith.maximumf {v}, {v} : f32"]  # identity that keeps the SSA name fresh
+        return _f32_identity(v, out)
     return [f"{out} = arith.extf {v} : {el} to f32"]
 
 
 def from_f32_lines(v: str, el: str, out: str) -> list[str]:
     if el == "f32":
-        return [f"{out} = arith.maximumf {v}, {v} : f32"]
+        return _f32_identity(v, out)
     return [f"{out} = arith.truncf {v} : f32 to {el}"]
 
 
