@@ -13,6 +13,7 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView
+from mxmoe.layouts import known_layouts
 
 NAME = "mxmoe-assign-layout"
 ATTR = "mxmoe.layout"
@@ -22,6 +23,9 @@ ROLES = {2: "values", 3: "scales", 4: "bias"}
 
 
 def make(layout: str):
+    if layout not in known_layouts():
+        raise dialect.VerifyError(f"mxmoe-assign-layout: unknown layout '{layout}' (known: {', '.join(known_layouts())})")
+
     def run(module_op: ir.Operation) -> None:
         for op in dialect.walk_mxmoe(module_op):
             if not op.name.startswith("mxmoe.grouped_matmul"):
