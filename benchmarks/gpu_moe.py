@@ -7,8 +7,9 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   # on the GPU machine (torch + triton; the repo importable as mxmoe, see benchmarks/_devpath.sh)
   python benchmarks/gpu_moe.py --plans build/gpu_plans [--models gpt-oss-20b,gpt-oss-120b]
 
-Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router, captured in a CUDA
-graph for T <= 512), the torch baseline in the same run (router + top-k, then the selected experts
+Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
+of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
+graph", of a graph holding one), the torch baseline in the same run (router + top-k, then the selected experts
 dequantized to bf16 and run through ``torch._grouped_mm``, or a per-expert loop where that is
 missing), bytes moved (selected experts' MXFP4 weights + scales + biases, router, activations in and
 out, the [T*k, I] intermediate written and read) and % of the measured HBM bandwidth, FLOPs
@@ -61,6 +62,12 @@ def params_from_layer(plan, layer):
     return {g: getattr(layer, spec["operand"]) for g, spec in plan["parameters"].items()}
 
 
+def rolled_params(torch, params, num_experts, shift):
+    """The same layer at other addresses: every per-expert tensor (router rows included) rolled by ``shift``
+    experts, so routing picks the rolled experts and the output is unchanged."""
+    return {g: torch.roll(t, shift, 0).contiguous() if t.shape[0] == num_experts else t for g, t in params.items()}
+
+
 def measure_bandwidth(torch) -> float:
     """Device copy bandwidth (read + write bytes / s) over 1 GiB."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -76,8 +83,10 @@ def measure_bf16_peak(torch) -> float:
     return 2 * 8192 ** 3 / t
 
 
-def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False) -> float:
-    """Median seconds per call (CUDA events around each call); ``graph`` replays a captured CUDA graph."""
+def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False, reps: int = 1) -> float:
+    """Median seconds per call (CUDA events around each call); ``graph`` replays a captured CUDA graph
+    holding ``reps`` back-to-back calls (the time is per call), as a served model's graph holds many layers:
+    one replay's own start-up (~14 us on the H100, measured with an empty graph) is then shared."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -90,7 +99,8 @@ def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False) 
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            fn()
+            for _ in range(reps):
+                fn()
         call = g.replay
         for _ in range(3):
             call()
@@ -103,7 +113,7 @@ def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False) 
         call()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / (reps if graph else 1))
     return statistics.median(times)
 
 
@@ -113,6 +123,8 @@ def dequant_lut(torch, device):
 
 
 BASELINE = {"gemm": "torch._grouped_mm"}
+#: forwards per CUDA graph for the "mxmoe us" column (T <= 512); "1-call graph us" replays one at a time
+GRAPH_REPS = 10
 
 
 def torch_baseline(torch, F, layer, x, lut):
@@ -177,8 +189,8 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool) -> No
     print(f"device: {dev}; measured copy bandwidth {bw / 1e12:.2f} TB/s; dense bf16 {peak / 1e12:.0f} TFLOP/s",
           flush=True)
     lut = dequant_lut(torch, "cuda")
-    header = (f"| model | routing | T | mode | mxmoe us | torch us | speedup | GB moved | % HBM | TFLOP | "
-              f"% bf16 peak | max err |")
+    header = (f"| model | routing | T | mode | mxmoe us | 1-call graph us | torch us | speedup | GB moved | % HBM | "
+              f"TFLOP | % bf16 peak | max err |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for name in models:
@@ -188,7 +200,10 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool) -> No
             gen = torch.Generator().manual_seed(1)
             if routing == "skewed":
                 skew_router(torch, layer, gen)
-            ex = TritonExecutor(plan, params_from_layer(plan, layer), binaries)
+            params = params_from_layer(plan, layer)
+            ex = TritonExecutor(plan, params, binaries)
+            copies = [TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
+                      for shift in (1, 2, 3)]
             cfg = layer.config
             E, k, H, I = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate
             for T in tokens:
@@ -199,15 +214,21 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool) -> No
                     out = ex(x)
                     ref = torch_baseline(torch, F, layer, x, lut)
                     err = float((out.float() - ref.float()).abs().max()) if check else float("nan")
-                t_mx = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50 if T <= 4096 else 20)
+                # the 10-forward graph cycles through copies of the layer at other addresses so that no
+                # forward finds its weights in L2 from the one before (as in a model, layer after layer)
+                exs = [ex] + copies if T <= 512 else [ex]
+                calls = iter(range(1 << 62))
+                t_mx = time_cuda(torch, lambda: exs[next(calls) % len(exs)](x), graph=T <= 512,
+                                 iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
+                t_one = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50) if T <= 512 else t_mx
                 t_th = time_cuda(torch, lambda: torch_baseline(torch, F, layer, x, lut), iters=20 if T <= 4096 else 10)
                 expert_bytes = used * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32 + (2 * I + H) * 2)
                 moved = expert_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
                 flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * E * H
                 print(f"| {name} | {routing} | {T} | {ex.mode}{'+graph' if T <= 512 else ''} | {t_mx * 1e6:.1f} | "
-                      f"{t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
+                      f"{t_one * 1e6:.1f} | {t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
                       f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} |", flush=True)
-            del ex
+            del ex, copies
         del layer
         torch.cuda.empty_cache()
     print(f"torch baseline GEMM: {BASELINE['gemm']}")

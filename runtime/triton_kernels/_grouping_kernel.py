@@ -5,6 +5,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _expert_offsets_and_block_map(counts, experts, lanes, num_blocks, expert_offsets_ptr, block_expert_ptr,
+                                  block_start_ptr, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                                  STEP: tl.constexpr):
+    """From per-expert pair counts: store expert_offsets (E + 1 exclusive-scan entries) and the block map
+    (each BLOCK_M block of the padded row space -> its expert and first sorted row; blocks past the last
+    group get expert -1). Returns each expert's first sorted row. ``lanes`` is ``tl.arange(0, STEP)``."""
+    ends = tl.cumsum(counts, axis=0)
+    begins = ends - counts
+    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
+    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_ends = tl.cumsum(blocks, axis=0)
+    # First sorted row of an expert's j-th block is begins + j*BLOCK_M = b*BLOCK_M + row_shift.
+    row_shift = begins - (block_ends - blocks) * BLOCK_M
+    for start in range(0, num_blocks, STEP):
+        b = start + lanes
+        owner = tl.sum((block_ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        shift = tl.sum(tl.where(experts[None, :] == owner[:, None], row_shift[None, :], 0), axis=1)
+        valid = b < num_blocks
+        tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
+        tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)
+    return begins
+
+
+@triton.jit
 def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
                            block_start_ptr, num_pairs, num_blocks,
                            NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
@@ -26,10 +51,8 @@ def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_
         pairs = start + lanes
         ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1)
         counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    ends = tl.cumsum(counts, axis=0)
-    begins = ends - counts
-    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
-    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+    begins = _expert_offsets_and_block_map(counts, experts, lanes, num_blocks, expert_offsets_ptr, block_expert_ptr,
+                                           block_start_ptr, NUM_EXPERTS, BLOCK_M, CHUNK)
 
     placed = tl.zeros([EXPERTS_POW2], tl.int32)
     for start in range(0, num_pairs, CHUNK):
@@ -41,18 +64,6 @@ def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_
         dest = tl.sum(onehot * (rank + (begins + placed)[None, :]), axis=1)
         tl.store(sorted_pairs_ptr + dest, pairs, mask=valid)
         placed += tl.sum(onehot, axis=0)
-
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    block_ends = tl.cumsum(blocks, axis=0)
-    # First sorted row of an expert's j-th block is begins + j*BLOCK_M = b*BLOCK_M + row_shift.
-    row_shift = begins - (block_ends - blocks) * BLOCK_M
-    for start in range(0, num_blocks, CHUNK):
-        b = start + lanes
-        owner = tl.sum((block_ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
-        shift = tl.sum(tl.where(experts[None, :] == owner[:, None], row_shift[None, :], 0), axis=1)
-        valid = b < num_blocks
-        tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
-        tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)
 
 
 # ----------------------------------------------------------------- the same grouping, in parallel
@@ -89,10 +100,8 @@ def chunk_scan_kernel(chunk_counts_ptr, chunk_offsets_ptr, expert_offsets_ptr, b
         tile = tl.load(chunk_counts_ptr + chunks[:, None] * EXPERTS_POW2 + experts[None, :],
                        mask=(chunks < num_chunks)[:, None], other=0)
         counts += tl.sum(tile, axis=0)
-    ends = tl.cumsum(counts, axis=0)
-    begins = ends - counts
-    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
-    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+    begins = _expert_offsets_and_block_map(counts, experts, lanes, num_blocks, expert_offsets_ptr, block_expert_ptr,
+                                           block_start_ptr, NUM_EXPERTS, BLOCK_M, SUB)
 
     running = begins
     for c0 in range(0, num_chunks, SUB):
@@ -103,17 +112,6 @@ def chunk_scan_kernel(chunk_counts_ptr, chunk_offsets_ptr, expert_offsets_ptr, b
         before = tl.cumsum(tile, axis=0) - tile
         tl.store(chunk_offsets_ptr + offs, running[None, :] + before, mask=mask)
         running += tl.sum(tile, axis=0)
-
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    block_ends = tl.cumsum(blocks, axis=0)
-    row_shift = begins - (block_ends - blocks) * BLOCK_M
-    for start in range(0, num_blocks, SUB):
-        b = start + lanes
-        owner = tl.sum((block_ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
-        shift = tl.sum(tl.where(experts[None, :] == owner[:, None], row_shift[None, :], 0), axis=1)
-        valid = b < num_blocks
-        tl.store(block_expert_ptr + b, tl.where(owner < NUM_EXPERTS, owner, -1), mask=valid)
-        tl.store(block_start_ptr + b, b * BLOCK_M + shift, mask=valid)
 
 
 @triton.jit
