@@ -26,7 +26,7 @@ from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config
+from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config, is_few_tokens
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
 _GLUE = {"torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool",
@@ -268,9 +268,9 @@ def _weight_arg(name: str, glob: str | None) -> dict[str, Any]:
     return _arg(name, "param", glob) if glob is not None else _arg(name, "none", dtype="float32")
 
 
-def _config_dict(cfg) -> dict[str, int]:
+def _config_dict(cfg) -> dict[str, int | bool]:
     return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
-            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "W_TMA": cfg.W_TMA}
 
 
 def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[list[int], str]]) -> dict[str, Any]:
@@ -320,10 +320,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     router_ep2 = max(16, experts_pow2)  # tl.dot needs N >= 16
     route_block_t = max(1, min(64, 4096 // router_ep2))
 
-    def router_kernels(cls_name: str) -> tuple[str, str, int, int, int]:
+    def router_kernels(cls_name: str, max_tokens: int | None) -> tuple[str, str, int, int, int]:
         """(gemm entry, route entry, H per split, splits, gemm BLOCK_T) for a shape class: few tokens
         split the router weight's H across programs to stream it at bandwidth; many tokens don't need to."""
-        if cls_name == "decode":
+        if is_few_tokens(max_tokens):
             block_t, h_per_split = 16, min(H, 256)
         else:
             block_t, h_per_split = 64, H
@@ -374,7 +374,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if cls_name == "decode":  # few pairs: one program sorts them all
+        if is_few_tokens(max_tokens):  # few pairs: one program sorts them all
             grouping = [({"kernel": add_kernel(f"group_by_expert.{cls_name}", "group_by_expert", group_args,
                                                dict(NUM_EXPERTS=E, EXPERTS_POW2=experts_pow2, BLOCK_M=bm, CHUNK=sub),
                                                8, 1), "grid": [1]})]
@@ -400,13 +400,15 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w13_bias is not None,
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
-            BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K),
+            BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
+            W_TMA=bool(c13.W_TMA and k_contiguous and layer.interleaved), NUM_EXPERTS=E),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
-            BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K),
+            BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
+            W_TMA=bool(c2.W_TMA and k_contiguous), NUM_EXPERTS=E),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
-        r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name)
+        r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens)
         launches = [
             {"kernel": r_gemm, "grid": [f"cdiv(T, {r_block_t})", "RS"]},
             {"kernel": r_route, "grid": [f"cdiv(T, {route_block_t})"]},

@@ -29,6 +29,7 @@ import torch
 
 from mxmoe.runtime.triton_kernels.expr import evaluate
 from mxmoe.runtime.triton_kernels.kernel_plan import PlanError, arg_type, environment, shape_class, validate
+from mxmoe.runtime.triton_kernels._launch import ensure_allocator
 from mxmoe.runtime.triton_kernels.tile_config import compile_stages
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -302,6 +303,8 @@ class TritonExecutor:
         entry = self.plan["kernels"][entry_name]
         fn = get_kernel(entry["kernel"], interpret=self.mode == "interpret")
         stages = compile_stages(entry["kernel"], entry["constexprs"], entry["num_stages"], triton.__version__)
+        if self.mode == "jit":
+            ensure_allocator()
         fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=stages)
 
 

@@ -94,18 +94,20 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings():
     cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
-    assert [c["name"] for c in plan["classes"]] == ["decode", "mid", "prefill"]
+    assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "mid", "prefill"]
     assert plan["classes"][-1]["max_tokens"] is None
     # every weight global feeds a kernel, and every parameter a kernel reads is a compiled parameter
     fed = {a["ref"] for k in plan["kernels"].values() for a in k["args"] if a["bind"] == "param"}
     assert fed == set(plan["parameters"]) == set(cm.parameters)
     for name, spec in plan["parameters"].items():
         assert list(cm.parameters[name].shape) == spec["shape"]
-    decode = plan["classes"][0]
-    assert decode["tiles"]["w13"]["BLOCK_M"] == decode["tiles"]["w2"]["BLOCK_M"] == 16
-    kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in decode["launches"]]
-    assert kernels == ["router_gemm", "route_partials", "group_by_expert", "glu_gemm", "combine_gemm", "cast"]
-    prefill = plan["classes"][2]
+    for decode in plan["classes"][:2]:  # gemv and decode: few tokens, one-program grouping
+        assert decode["tiles"]["w13"]["BLOCK_M"] == decode["tiles"]["w2"]["BLOCK_M"] == 16
+        kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in decode["launches"]]
+        assert kernels == ["router_gemm", "route_partials", "group_by_expert", "glu_gemm", "combine_gemm", "cast"]
+    assert [plan["kernels"][lc["kernel"]]["constexprs"].get("W_TMA") for lc in plan["classes"][1]["launches"]
+            if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm") and "W_TMA" in plan["kernels"][lc["kernel"]]["constexprs"]] == [True, True]
+    prefill = plan["classes"][3]
     kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
     assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
                        "glu_gemm", "combine_gemm", "cast"]

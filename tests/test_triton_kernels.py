@@ -172,7 +172,8 @@ def test_choose_config_classes(arch):
     decode = choose_config(1, 4, 5760, 2880, arch)
     prefill = choose_config(4096, 4, 5760, 2880, arch)
     assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
-    for T in (1, 64, 65, 1024, 4096):  # both GEMMs of one forward must share BLOCK_M
+    assert choose_config(4, 4, 5760, 2880, arch).BLOCK_N < choose_config(5, 4, 5760, 2880, arch).BLOCK_N
+    for T in (1, 4, 5, 64, 65, 1024, 4096):  # both GEMMs of one forward must share BLOCK_M
         assert choose_config(T, 4, 5760, 2880, arch).BLOCK_M == choose_config(T, 4, 2880, 2880, arch).BLOCK_M
     assert choose_config(1, 2, 64, 96, arch).BLOCK_N == 32
     assert choose_config(2000, 2, 64, 96, arch).BLOCK_N == 64  # clamped to the (tiny) N
@@ -183,6 +184,7 @@ def test_choose_config_classes(arch):
 # ---------------------------------------------------------------- the whole forward
 
 PREFILL = TileConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)
+TMA = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W_TMA=True)
 
 FORWARD_CASES = {
     # name: (T, E, k, H, I, options)
@@ -195,6 +197,10 @@ FORWARD_CASES = {
     "t64_k4_concat": (64, 8, 4, 64, 160, dict(interleaved=False)),
     "t64_prefill_tiles_colmajor": (64, 8, 2, 96, 96, dict(config=PREFILL, layout=COL_MAJOR)),
     "fp32_activations": (5, 8, 2, 64, 64, dict(dtype=torch.float32, activation="silu")),
+    # TMA weight tiles: w2's N = H = 160 is not a multiple of BLOCK_N = 64 (the last tile's rows run into
+    # the next expert, masked), neither K (160, 96) of BLOCK_K = 64 (the last tile reads zero codes).
+    "t7_tma": (7, 8, 4, 160, 96, dict(config=TMA)),
+    "t7_tma_concat_falls_back": (7, 8, 2, 96, 160, dict(config=TMA, interleaved=False)),
 }
 
 

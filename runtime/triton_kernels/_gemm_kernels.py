@@ -25,6 +25,16 @@ def _value_tile(w_ptr, expert, cols, col_mask, k0,
 
 
 @triton.jit
+def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """TMA descriptor over all experts' packed values as one [E*N, K/2] matrix: tile (expert*N + n0, k0/2)
+    is BLOCK_N rows of BLOCK_K/2 bytes. Rows past an expert's N read the next expert's (their output
+    columns are masked), rows past the last expert and bytes past K/2 read as zero codes."""
+    return tl.make_tensor_descriptor(w_ptr, shape=[NUM_EXPERTS * N, K // 2], strides=[K // 2, 1],
+                                     block_shape=[BLOCK_N, BLOCK_K // 2])
+
+
+@triton.jit
 def _scale_tile(s_ptr, expert, cols, col_mask, k0,
                 N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
     """e8m0 scales [BLOCK_N, BLOCK_K/32] of one expert's columns; 127 (= 1.0) past K."""
@@ -53,12 +63,15 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                     HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr,
                     ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
     odd c, so one dot yields matched gate/up pairs for either GLU layout and the activation is
     applied before anything leaves registers. x rows are gathered by token index in the loads.
+    W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
+    gate/up rows, so that a tile's w13 rows are consecutive).
     """
     expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
@@ -73,6 +86,9 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     col_mask = act_col < INTERMEDIATE
 
     x_rows = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN
+    if W_TMA:
+        tl.static_assert(K_CONTIGUOUS and INTERLEAVED, "W_TMA needs K-contiguous values and interleaved gate/up")
+        desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # The scale rows are too short for Triton's async-copy pipelining (BLOCK_K/32 bytes), so they
     # are prefetched one K step ahead by hand instead of stalling every step on a global load.
@@ -83,7 +99,10 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                              2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
-        w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+        if W_TMA:
+            w = desc.load([expert * (2 * INTERMEDIATE) + tl.program_id(1) * BLOCK_N, k0 // 2]).T
+        else:
+            w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
@@ -107,11 +126,13 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                         HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
-    scatters, by token. A token receives exactly TOP_K adds, one per slot.
+    scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
+    through a TMA descriptor (K-contiguous values only).
     """
     expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
@@ -120,6 +141,9 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     col_mask = cols < HIDDEN
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
+    if W_TMA:
+        tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
+        desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
     for k0 in range(0, INTERMEDIATE, BLOCK_K):
@@ -127,7 +151,10 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
         s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
-        w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+        if W_TMA:
+            w = desc.load([expert * HIDDEN + tl.program_id(1) * BLOCK_N, k0 // 2]).T
+        else:
+            w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]

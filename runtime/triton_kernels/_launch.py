@@ -17,6 +17,17 @@ _POINTER_TYPES = {
 }
 
 
+def ensure_allocator() -> None:
+    """Give Triton a torch allocator for kernels' global scratch (on-device TMA descriptors need one) when
+    this thread has none; an allocator the application set is kept."""
+    import triton
+    from triton.runtime import _allocation
+
+    current = getattr(_allocation, "_allocator", None)
+    if current is None or type(current.get()).__name__ == "NullAllocator":
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """A Triton kernel with its grid, run-time arguments (in order) and compile-time constants."""
@@ -37,6 +48,7 @@ class KernelLaunch:
             return
         on_cpu = any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in self.args.values())
         if not on_cpu:
+            ensure_allocator()
             self.kernel[self.grid](*self.args.values(), **self.constexprs,
                                    num_warps=self.num_warps, num_stages=self.num_stages)
             return

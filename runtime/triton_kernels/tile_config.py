@@ -22,6 +22,9 @@ class TileConfig:
     BLOCK_K: int
     num_warps: int
     num_stages: int
+    #: load weight tiles through TMA descriptors where the layout allows (K-contiguous values, and for
+    #: w13 interleaved gate/up rows); otherwise plain loads
+    W_TMA: bool = False
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -36,9 +39,20 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+#: At or below this many tokens a T x k grouped GEMM has about one routed row per expert (gpt-oss: k=4 of
+#: 32-128 experts): the weight stream is everything, and narrow tiles spread it over the most CTAs.
+GEMV_MAX_TOKENS = 4
+
 #: Shape classes by token count, in order: (name, largest token count of the class or None).
 #: A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
-SHAPE_CLASSES: tuple[tuple[str, int | None], ...] = (("decode", DECODE_MAX_TOKENS), ("mid", 1024), ("prefill", None))
+SHAPE_CLASSES: tuple[tuple[str, int | None], ...] = (
+    ("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("mid", 1024), ("prefill", None))
+
+
+def is_few_tokens(max_tokens: int | None) -> bool:
+    """Whether a class (by its largest token count) is memory-bound decode: its router splits H across
+    programs and one program groups all pairs (see compiler/triton_plan.py)."""
+    return max_tokens is not None and max_tokens <= DECODE_MAX_TOKENS
 
 
 def shape_class(num_tokens: int) -> str:
@@ -57,10 +71,14 @@ def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
     """
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
-    if name == "decode":
-        # Few rows per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
+    tma = False
+    if name == "gemv":
+        # About one row per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
         # small CTAs (narrow N, 2 warps) and issue long K loads.
         block_m, block_n, block_k, warps, stages = 16, 32, 256, 2, 4
+    elif name == "decode":
+        # A few rows per expert (5-64 tokens): wide N tiles whose weights arrive by TMA.
+        block_m, block_n, block_k, warps, stages, tma = 16, 128, 256, 4, 3, True
     elif name == "mid":
         # K=64 / 4 stages: 10-14% faster than K=128 / 3 stages at 512 tokens.
         block_m, block_n, block_k, warps, stages = 64, 128, 64, 4, 4
@@ -69,7 +87,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
         block_m, block_n, block_k, warps, stages = 128, 128, 64, 4, 4
     else:
         raise ValueError(f"unknown shape class {name!r} (known: {', '.join(n for n, _ in SHAPE_CLASSES)})")
-    if arch >= 100 and name != "decode":
+    if arch >= 100 and name not in ("gemv", "decode"):
         # Blackwell's native MXFP4 MMA likes wide N tiles; the operands stay within shared memory.
         # (Compile-only here: no Blackwell GPU has run these.)
         block_n = 256 if N >= 256 else block_n
@@ -77,7 +95,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
     # Don't tile far past tiny problems (tests, small models).
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
-    return TileConfig(block_m, block_n, block_k, warps, stages)
+    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma)
 
 
 def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -> TileConfig:
