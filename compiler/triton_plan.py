@@ -26,7 +26,7 @@ from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config, is_few_tokens
+from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config, fused_routing, is_few_tokens
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
 _GLUE = {"torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool",
@@ -320,9 +320,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     router_ep2 = max(16, experts_pow2)  # tl.dot needs N >= 16
     route_block_t = max(1, min(64, 4096 // router_ep2))
 
-    def router_kernels(cls_name: str, max_tokens: int | None) -> tuple[str, str, int, int, int]:
+    def router_kernels(cls_name: str, max_tokens: int | None, bm: int, group_chunk: int) -> tuple[str, str, int, int, int]:
         """(gemm entry, route entry, H per split, splits, gemm BLOCK_T) for a shape class: few tokens
-        split the router weight's H across programs to stream it at bandwidth; many tokens don't need to."""
+        split the router weight's H across programs to stream it at bandwidth, and route and group in one
+        program (``route_and_group``); many tokens don't need to split and group in their own launches."""
         if is_few_tokens(max_tokens):
             block_t, h_per_split = 16, min(H, 256)
         else:
@@ -334,14 +335,21 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         ], dict(HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_ep2, H_PER_SPLIT=h_per_split,
                 IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t, BLOCK_H=max(16, min(64, _pow2(h_per_split)))),
             4, 2)
-        route = add_kernel(f"route.{cls_name}", "route_partials", [
+        route_args = [
             _arg("partial_ptr", "buffer", "router_partials"), _weight_arg("b_ptr", layer.router_bias),
             _arg("weights_ptr", "buffer", "routing_weights"), _arg("ids_ptr", "buffer", "expert_ids"),
-            _arg("num_tokens", "expr", expr="T", type="i32"),
-        ], dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=router_ep2, SLOTS_POW2=_pow2(k), SPLITS=splits,
-                HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
-                BLOCK_T=route_block_t, SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize),
-            4, 1)
+            _arg("num_tokens", "expr", expr="T", type="i32")]
+        route_consts = dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=router_ep2, SLOTS_POW2=_pow2(k), SPLITS=splits,
+                            HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
+                            BLOCK_T=route_block_t,
+                            SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
+        if fused_routing(max_tokens):  # one program routes all tokens and groups their pairs: one launch
+            route = add_kernel(f"route_and_group.{cls_name}", "route_and_group", route_args + group_args[1:-2] + [
+                _arg("num_blocks", "expr", expr="NB", type="i32")],
+                dict(route_consts, BLOCK_T=_pow2(max_tokens), GROUP_EXPERTS_POW2=experts_pow2, BLOCK_M=bm,
+                     CHUNK=group_chunk), 8, 1)
+        else:
+            route = add_kernel(f"route.{cls_name}", "route_partials", route_args, route_consts, 4, 1)
         return gemm, route, h_per_split, splits, block_t
 
     pairs = f"T * {k}"
@@ -374,7 +382,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if is_few_tokens(max_tokens):  # few pairs: one program sorts them all
+        if fused_routing(max_tokens):  # the routing program sorts the pairs too (route_and_group)
+            grouping = []
+        elif is_few_tokens(max_tokens):  # few pairs: one program sorts them all
             grouping = [({"kernel": add_kernel(f"group_by_expert.{cls_name}", "group_by_expert", group_args,
                                                dict(NUM_EXPERTS=E, EXPERTS_POW2=experts_pow2, BLOCK_M=bm, CHUNK=sub),
                                                8, 1), "grid": [1]})]
@@ -408,10 +418,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
             W_TMA=bool(c2.W_TMA and k_contiguous), NUM_EXPERTS=E),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
-        r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens)
+        r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [
             {"kernel": r_gemm, "grid": [f"cdiv(T, {r_block_t})", "RS"]},
-            {"kernel": r_route, "grid": [f"cdiv(T, {route_block_t})"]},
+            {"kernel": r_route, "grid": [1] if fused_routing(max_tokens) else [f"cdiv(T, {route_block_t})"]},
             *grouping,
             {"kernel": glu, "grid": ["NB", f"cdiv({2 * I}, {c13.BLOCK_N})"]},
             {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})"]},

@@ -34,6 +34,15 @@ def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_
                            block_start_ptr, num_pairs, num_blocks,
                            NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                            BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """:func:`group_pairs` as a kernel of one program."""
+    group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_pairs,
+                num_blocks, NUM_EXPERTS, EXPERTS_POW2, BLOCK_M, CHUNK)
+
+
+@triton.jit
+def group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_pairs,
+                num_blocks, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                CHUNK: tl.constexpr):
     """A stable counting sort of (token, slot) pairs by expert, in one program.
 
     Pass 1 counts pairs per expert; pass 2 places each pair at its expert's offset plus its rank

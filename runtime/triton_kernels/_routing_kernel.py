@@ -4,6 +4,8 @@ and top-k + softmax on the logits."""
 import triton
 import triton.language as tl
 
+from ._grouping_kernel import group_pairs
+
 
 @triton.jit
 def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr,
@@ -101,10 +103,41 @@ def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                           SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                           ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                           SOFTMAX_OVER_ALL: tl.constexpr):
-    """Top-k + softmax of the router logits, in one kernel: logits = sum of the SPLITS partials (in
-    order) + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (as the layer's bf16 ``F.linear``
-    rounds them, so near-ties resolve the same way), then :func:`_select_and_store`."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """:func:`_route_partials` for tokens ``program_id(0) * BLOCK_T + [0, BLOCK_T)``."""
+    _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, tl.program_id(0) * BLOCK_T,
+                    NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
+                    SOFTMAX_OVER_ALL)
+
+
+@triton.jit
+def route_and_group_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
+                           sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
+                           NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                           SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+                           SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
+                           BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """Routing and grouping of up to BLOCK_T tokens in one program (one launch fewer for decode): the
+    routing of :func:`route_partials_kernel`, a CTA barrier (the grouping reads the ids this program
+    just stored), then :func:`group_pairs`."""
+    _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, 0,
+                    NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
+                    SOFTMAX_OVER_ALL)
+    tl.debug_barrier()
+    group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
+
+
+@triton.jit
+def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_token,
+                    NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                    SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+                    SOFTMAX_OVER_ALL: tl.constexpr):
+    """Top-k + softmax of the router logits of tokens ``first_token + [0, BLOCK_T)``: logits = sum of the
+    SPLITS partials (in order) + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (as the layer's bf16
+    ``F.linear`` rounds them, so near-ties resolve the same way), then :func:`_select_and_store`."""
+    tokens = first_token + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, EXPERTS_POW2)
     token_mask = tokens < num_tokens
     rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
