@@ -26,7 +26,8 @@ from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import SHAPE_CLASSES, class_config, fused_routing, is_few_tokens
+from mxmoe.runtime.triton_kernels.tile_config import (SHAPE_CLASSES, class_config, fused_routing, is_few_tokens,
+                                                      use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
 _GLUE = {"torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool",
@@ -411,12 +412,12 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
-            W_TMA=bool(c13.W_TMA and k_contiguous and layer.interleaved), NUM_EXPERTS=E),
+            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
-            W_TMA=bool(c2.W_TMA and k_contiguous), NUM_EXPERTS=E),
+            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [

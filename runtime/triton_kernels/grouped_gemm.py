@@ -21,7 +21,7 @@ from ._gemm_kernels import cast_kernel, combine_gemm_kernel, glu_gemm_kernel
 from ._launch import KernelLaunch
 from .grouping import ExpertGroups
 from .layout import WeightLayout
-from .tile_config import TileConfig
+from .tile_config import TileConfig, use_tma
 
 ACTIVATIONS = ("swiglu_oai", "silu")
 
@@ -39,13 +39,6 @@ def _check_weights(w, s, bias, layout: WeightLayout, n: int, k: int, num_experts
         raise ValueError(f"{what}: bad scales {tuple(s.shape)} {s.dtype} for values {tuple(w.shape)} {w.dtype}")
     if bias is not None and tuple(bias.shape) != (num_experts, n):
         raise ValueError(f"{what}: bias must be [E, N] = {(num_experts, n)}, got {tuple(bias.shape)}")
-
-
-def use_tma(config: TileConfig, layout: WeightLayout, interleaved: bool) -> bool:
-    """Whether a GEMM loads its weight tiles through TMA: asked by the tile config and possible for the
-    layout (a tile's weight rows must be consecutive rows of K-contiguous bytes; for w13 that needs
-    the interleaved gate/up order)."""
-    return bool(config.W_TMA and layout.k_contiguous and interleaved)
 
 
 def _pipeline_stages(layout: WeightLayout, config: TileConfig) -> int:
@@ -83,7 +76,7 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
              INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
              ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout, interleaved), NUM_EXPERTS=num_experts),
+             W_TMA=use_tma(config, layout.k_contiguous, interleaved), NUM_EXPERTS=num_experts),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
     return launch, act
 
@@ -111,7 +104,7 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout, True), NUM_EXPERTS=num_experts),
+             W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
 
 

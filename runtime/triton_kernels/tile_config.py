@@ -49,6 +49,13 @@ SHAPE_CLASSES: tuple[tuple[str, int | None], ...] = (
     ("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("mid", 1024), ("prefill", None))
 
 
+def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True) -> bool:
+    """Whether a GEMM loads its weight tiles through TMA: asked by the tile config and possible for the
+    layout (a tile's weight rows must be consecutive rows of K-contiguous bytes; for w13 that needs
+    the interleaved gate/up order)."""
+    return bool(config.W_TMA and k_contiguous and interleaved)
+
+
 def fused_routing(max_tokens: int | None) -> bool:
     """Whether a class routes and groups in one program (``route_and_group``): measured on the H100 it
     saves 4-9% of the whole layer at 1 token, and at 8-64 tokens it was 0-5% slower than the two launches
