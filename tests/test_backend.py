@@ -257,6 +257,35 @@ def test_cache_roundtrip_and_corruption_is_detected(tmp_path):
     assert CompileCache(None).get(key) is None and CompileCache(None).put(key, {}, b"x") is None
 
 
+def test_triton_region_goes_through_the_disk_cache(tmp_path):
+    """A region compiled for cuda:sm_90 (AOT cubins, no GPU needed) is cached as its kernel plan + cubins,
+    comes back identical, binds a layer's weights and runs (here under Triton's interpreter); a payload whose
+    cubins do not add up is refused, so the backend recompiles instead of using it."""
+    import dataclasses
+
+    layer = MoE.random(CFG, seed=0)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", example_inputs=(_x(4),))
+    names = dict(enumerate(sorted(cm.parameters)))
+    compiled = B._Compiled("k", dataclasses.replace(cm, parameters={}, _executor=None), names)
+    cache, key = CompileCache(tmp_path), make_key({"region": "triton"})
+    cache.put(key, compiled.manifest(), compiled.payload())
+    entry = cache.get(key)
+    back = B._Compiled.from_cache(key, entry.manifest, entry.payload)
+    assert back.template.kernel_plan == cm.kernel_plan and back.template.binaries == cm.binaries
+    assert back.template.vmfb is None and back.param_names == names
+    back.template = dataclasses.replace(back.template, interpret=True)  # no GPU here: same plan, interpreted
+    operand = {g: spec["operand"] for g, spec in cm.kernel_plan["parameters"].items()}
+    run = back.bind({i: getattr(layer, operand[g]) for i, g in names.items()})
+    x = _x(5)
+    (y,) = run(x)
+    torch.testing.assert_close(y, layer(x), **BF16)
+    with pytest.raises(ValueError, match="cubin sizes"):
+        B._Compiled.from_cache(key, entry.manifest, entry.payload[:-1])
+    manifest = dict(entry.manifest, backend="iree")
+    with pytest.raises(ValueError, match="is a 'iree' module"):
+        B._Compiled.from_cache(key, manifest, entry.payload)
+
+
 def test_cache_location_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path / "here"))
     assert CompileCache.from_env().root == tmp_path / "here"

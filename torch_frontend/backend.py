@@ -138,8 +138,8 @@ def reset() -> None:
 
 # ---------------------------------------------------------------------------------- device targets
 #: mxmoe compiler backends whose compiled modules this backend runs: IREE (cpu) and Triton (cuda), both
-#: called as ``module(*activations)`` with weights bound through the same stored forms. Only IREE modules
-#: go to the disk cache (``_Compiled.payload``); Triton regions are compiled once per process.
+#: called as ``module(*activations)`` with weights bound through the same stored forms. Both go to the disk
+#: cache: IREE modules as their vmfb, Triton ones as their kernel plan and cubins (``_Compiled.payload``).
 _LOADABLE = {"iree", "triton"}
 
 
@@ -323,13 +323,24 @@ class _Compiled:
 
     def manifest(self) -> dict:
         t = self.template
-        return {"target": t.target.name, "backend": t.target.backend,
-                "inputs": [s.to_dict() for s in t.inputs], "outputs": [s.to_dict() for s in t.outputs],
-                "param_names": {str(k): v for k, v in self.param_names.items()},
-                "stored_forms": {k: f.to_dict() for k, f in t.stored_forms.items()}}
+        m = {"target": t.target.name, "backend": t.target.backend,
+             "inputs": [s.to_dict() for s in t.inputs], "outputs": [s.to_dict() for s in t.outputs],
+             "param_names": {str(k): v for k, v in self.param_names.items()},
+             "stored_forms": {k: f.to_dict() for k, f in t.stored_forms.items()}}
+        if t.target.backend == "triton":  # the payload is the cubins, one after the other, in this order
+            m["kernel_plan"] = t.kernel_plan
+            m["binaries"] = [[name, len(t.binaries[name])] for name in sorted(t.binaries)]
+        return m
 
     def payload(self) -> Optional[bytes]:
-        return self.template.vmfb if self.template.target.backend == "iree" else None
+        """What the disk cache stores beside the manifest: the IREE module, or a Triton plan's cubins
+        (None for an interpreted Triton module, which has none)."""
+        t = self.template
+        if t.target.backend == "iree":
+            return t.vmfb
+        if t.target.backend == "triton" and t.binaries and not t.interpret:
+            return b"".join(t.binaries[name] for name in sorted(t.binaries))
+        return None
 
     @classmethod
     def from_cache(cls, key: str, manifest: dict, payload: bytes) -> "_Compiled":
@@ -339,12 +350,24 @@ class _Compiled:
         from mxmoe.runtime.signature import TensorSpec
 
         tgt = get_target(manifest["target"])
-        if tgt.backend != "iree" or manifest["backend"] != "iree":
-            raise ValueError(f"cached module for {tgt.name} is not an IREE module")
+        if tgt.backend != manifest["backend"] or tgt.backend not in ("iree", "triton"):
+            raise ValueError(f"cached module for {tgt.name} is a {manifest['backend']!r} module")
+        code: dict[str, Any] = {"vmfb": payload}
+        if tgt.backend == "triton":
+            sizes = [(str(name), int(size)) for name, size in manifest["binaries"]]
+            if sum(size for _, size in sizes) != len(payload):
+                raise ValueError(f"cached Triton module: cubin sizes add up to {sum(s for _, s in sizes)} bytes, "
+                                 f"the payload has {len(payload)}")
+            binaries, at = {}, 0
+            for name, size in sizes:
+                binaries[name], at = payload[at:at + size], at + size
+            if set(binaries) != set(manifest["kernel_plan"]["kernels"]):
+                raise ValueError("cached Triton module: its cubins do not match its kernel plan's kernels")
+            code = {"vmfb": None, "kernel_plan": manifest["kernel_plan"], "binaries": binaries}
         template = CompiledModule(
             target=tgt, inputs=[TensorSpec.from_dict(d) for d in manifest["inputs"]],
-            outputs=[TensorSpec.from_dict(d) for d in manifest["outputs"]], vmfb=payload, parameters={}, mlir="",
-            stored_forms={k: StoredForm.from_dict(d) for k, d in manifest["stored_forms"].items()})
+            outputs=[TensorSpec.from_dict(d) for d in manifest["outputs"]], parameters={}, mlir="",
+            stored_forms={k: StoredForm.from_dict(d) for k, d in manifest["stored_forms"].items()}, **code)
         return cls(key, template, {int(k): v for k, v in manifest["param_names"].items()})
 
     def bind(self, weights: dict[int, torch.Tensor]) -> Callable:

@@ -8,7 +8,7 @@ The manifest records the key, the format version, what the payload is (entry sig
 names) and the payload's SHA-256. The key is the SHA-256 of everything the compiled module depends on:
 the region's graph structure, its inputs' dtypes/shapes/roles (weights by shape and dtype only, never by
 value: weights are bound at load time), the target, mxmoe's version and a fingerprint of the compiler's
-source files, and the iree-compiler and torch versions. A file that does not parse, whose key or format
+source files, and the iree-compiler, triton and torch versions. A file that does not parse, whose key or format
 does not match, or whose payload hash is wrong is corrupt: it is deleted and reported as a miss, so the
 caller rebuilds it; it is never used. Writes go to a temporary file that is renamed into place, so a
 crash or a concurrent writer never leaves a half-written entry under the final name.
@@ -86,7 +86,7 @@ def environment() -> dict[str, str]:
 
     return {"mxmoe": mxmoe.__version__, "mxmoe_sources": _source_fingerprint(),
             "iree_compiler": ver("iree-base-compiler"), "iree_runtime": ver("iree-base-runtime"),
-            "torch": torch.__version__}
+            "triton": ver("triton"), "torch": torch.__version__}
 
 
 def make_key(material: dict[str, Any]) -> str:
