@@ -206,3 +206,18 @@ def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
     moe = MoE.random(TINY, seed=8)
     cm = mxmoe.compile(moe, target="cpu")
     check_tokens(cm, moe, tokens=(1, 7, 64))
+
+
+def test_unrolled_and_looped_expert_steps_agree(monkeypatch):
+    """Up to UNROLL_SLOTS slots the expert loop is unrolled (entries read back at once); above, an scf.for.
+    Both forms give bit-identical outputs for the slot counts either can take."""
+    from mxmoe.compiler.passes.lowering import cpu_grouped
+
+    moe = MoE.random(TINY, seed=9)
+    unrolled = mxmoe.compile(moe, target="cpu")
+    monkeypatch.setattr(cpu_grouped, "UNROLL_SLOTS", 0)
+    looped = mxmoe.compile(moe, target="cpu")
+    for T in (1, 2, 3):
+        x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
+        assert torch.equal(unrolled(x), looped(x)), T
+    check_tokens(unrolled, moe, tokens=(1, 2))

@@ -69,7 +69,19 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // 3. a host loop whose trip count is the number of distinct experts picked (not E)
 // CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
 // CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
-// CHECK: %[[YS:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
+// up to 8 slots (T*k): the loop unrolled, every possible expert's entry read back first (one wait), then
+// one guarded step per possible expert (here min(E, 8) = 4), each the block matvec only
+// CHECK: %[[FEW:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
+// CHECK: %[[YS:.+]] = scf.if %[[FEW]] -> (tensor<?x64xf32>)
+// CHECK-COUNT-4: tensor.extract %[[INFO]][%{{.+}}] : tensor<4xi64>
+// CHECK: %[[G0:.+]] = arith.cmpi ult, %{{.+}}, %[[NU]] : index
+// CHECK-NEXT: scf.if %[[G0]] -> (tensor<?x64xf32>)
+// CHECK-NOT: scf.for
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+// CHECK-NOT: scf.for
+// CHECK: tensor.insert_slice
+// CHECK: } else {
+// CHECK: %[[YSF:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
 // CHECK: %[[PK:.+]] = tensor.extract %[[INFO]][%[[U]]] : tensor<4xi64>
 // CHECK: arith.andi %[[PK]], %{{.+}} : i64
 // CHECK: arith.shrui %[[PK]], %{{.+}} : i64
@@ -107,6 +119,7 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins({{.*}} : tensor<?x2x32xbf16>, tensor<64x2x32xf32>) outs({{.*}} : tensor<?x64xf32>)
 // CHECK: tensor.insert_slice %{{.+}} into %{{.+}}[%[[OFF]], 0] [%[[CNT]], 64] [1, 1] : tensor<?x64xf32> into tensor<?x64xf32>
 // 4. back to slot order, rounded to bf16 where the reference rounds, then the GLU
+// CHECK: flow.tensor.tie_shape %[[YSF]]
 // CHECK: %[[YST:.+]] = flow.tensor.tie_shape %[[YS]]
 // CHECK: tensor.expand_shape %[[POS]] {{\[}}[0, 1]]
 // CHECK: tensor.extract %[[YST]][%{{.+}}, %{{.+}}] : tensor<?x64xf32>

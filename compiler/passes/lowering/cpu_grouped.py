@@ -66,6 +66,10 @@ MATVEC_FORM = "block"
 #: "packed": the host loop reads each used expert's (id, offset, rows) back as one i64 (one device round
 #: trip per expert); "separate": three i32 reads (the first version)
 LOOP_READBACK = "packed"
+#: at most this many slots (T*k) take the unrolled form of the expert loop: all used experts' packed
+#: entries read back at once, then one guarded step per possible expert (no host wait between experts);
+#: 0 keeps the scf.for form everywhere
+UNROLL_SLOTS = 8
 #: outputs per vector tile of the "block" form (each takes 4 ymm accumulators; 2 or 4 measured 3x slower)
 BLOCK_VECTOR_ROWS = 1
 #: vector tile of its (nibble half, byte) dims
@@ -315,60 +319,101 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     nu = b.v(f"arith.index_cast {nu32} : i32 to index", "nu")
     ys0 = empty(b, [None, n], "f32", [S])
     ys_t = tt([None, n], "f32")
-    # loop body, written as its own Body so its SSA names are scoped to the region
-    lb = Body()
-    lb.n = b.n
-    acc = lb.v(f"flow.tensor.tie_shape %ys_acc : {ys_t}{{{S}}}", "acc")
     evec = tt([e], "i32")
 
-    def load(table: str, at: str, prefix: str) -> str:
-        v32 = lb.v(f"tensor.extract {srt[table]}[{at}] : {evec}", prefix)
-        return lb.v(f"arith.index_cast {v32} : i32 to index", prefix)
+    def expert_step(lb: Body, acc_in: str, packed: str | None, ui: str, decode_branch: bool) -> str:
+        """One used expert's rows: ``acc_in`` with rows [off, off + cnt) replaced by the expert's results."""
+        acc = lb.v(f"flow.tensor.tie_shape {acc_in} : {ys_t}{{{S}}}", "acc")
 
-    packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk") if LOOP_READBACK == "packed" else None
+        def load(table: str, at: str, prefix: str) -> str:
+            v32 = lb.v(f"tensor.extract {srt[table]}[{at}] : {evec}", prefix)
+            return lb.v(f"arith.index_cast {v32} : i32 to index", prefix)
 
-    def field(shift: int, mask: int, prefix: str) -> str:
-        v = lb.v(f"arith.shrui {packed}, {lb.const(shift, 'i64')} : i64", prefix) if shift else packed
-        if mask:
-            v = lb.v(f"arith.andi {v}, {lb.const(mask, 'i64')} : i64", prefix)
-        return lb.v(f"arith.index_cast {v} : i64 to index", prefix)
+        def field(shift: int, mask: int, prefix: str) -> str:
+            v = lb.v(f"arith.shrui {packed}, {lb.const(shift, 'i64')} : i64", prefix) if shift else packed
+            if mask:
+                v = lb.v(f"arith.andi {v}, {lb.const(mask, 'i64')} : i64", prefix)
+            return lb.v(f"arith.index_cast {v} : i64 to index", prefix)
 
-    if packed is not None:
-        eid, off, cnt = field(0, 0xFFFF, "e"), field(16, 0xFFFFFF, "o"), field(40, 0, "n")
+        if packed is not None:
+            eid, off, cnt = field(0, 0xFFFF, "e"), field(16, 0xFFFFFF, "o"), field(40, 0, "n")
+        else:
+            eid = load("used", ui, "e")
+            off, cnt = load("offsets", eid, "o"), load("counts", eid, "n")
+        xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
+        xe_dec = xe if xs_dec == xs else lb.v(
+            f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")
+        we = lb.v(f"tensor.extract_slice %w[{eid}, 0, 0] [1, {n}, {kk // 2}] [1, 1, 1] : {tt([e, n, kk // 2], 'i8')} to "
+                  f"{tt([n, kk // 2], 'i8')}", "we")
+        se = lb.v(f"tensor.extract_slice %s[{eid}, 0, 0] [1, {n}, {kk // 32}] [1, 1, 1] : {tt([e, n, kk // 32], 'i8')} to "
+                  f"{tt([n, kk // 32], 'i8')}", "se")
+        # init rows: the expert's bias (in f32) or zero
+        if bias is not None:
+            bname, bel = bias
+            be = lb.v(f"tensor.extract_slice {bname}[{eid}, 0] [1, {n}] [1, 1] : {tt([e, n], bel)} to {tt([n], bel)}", "be")
+            init = generic(lb, [(be, tt([n], bel), amap(2, "d1"))], [(empty(lb, [None, n], "f32", [cnt]), ys_t, amap(2, "d0, d1"))],
+                           ["parallel", "parallel"], to_f32_lines("%bv", bel, "%r") + ["linalg.yield %r : f32"],
+                           [("%bv", bel), ("%o", "f32")])
+        else:
+            init = filled(lb, [None, n], "f32", [cnt], "0.0")
+        if decode_branch:
+            small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
+            tb, eb = Body(), Body()
+            tb.n = lb.n
+            r1 = _lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)
+            eb.n = tb.n
+            r2 = _decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)
+            lb.n = eb.n
+            ye = lb.v(f"scf.if {small} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    %r1t = flow.tensor.tie_shape {r1} : {ys_t}{{{cnt}}}\n    scf.yield %r1t : {ys_t}\n  }} else {{\n    "
+                      + "\n    ".join(eb.lines) + f"\n    %r2t = flow.tensor.tie_shape {r2} : {ys_t}{{{cnt}}}\n    scf.yield %r2t : {ys_t}\n  }}", "ye")
+        else:  # at most SMALL_ROWS rows by construction
+            ye = _lane_matvec(lb, xe, xel, we, se, init, cnt, n, kk)
+        ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
+        ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
+        return lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
+
+    def loop_form(fb: Body) -> str:
+        """scf.for over the used experts; each iteration reads its expert's packed (id, offset, rows) back."""
+        lb = Body()
+        lb.n = fb.n
+        packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk") if LOOP_READBACK == "packed" else None
+        step = expert_step(lb, "%ys_acc", packed, "%ui", True)
+        fb.n = lb.n
+        ys = fb.v(f"scf.for %ui = {c0} to {nu} step {c1} iter_args(%ys_acc = {ys0}) -> ({ys_t}) {{\n    "
+                  + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
+        return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
+
+    def unrolled_form(ub: Body, slots: int) -> str:
+        """At most ``slots`` slots, so at most that many used experts: every expert's packed entry is read
+        back first (one wait), then one guarded step per possible expert, so the host never waits between
+        experts' dispatches."""
+        count = min(e, slots)
+        packs = [ub.v(f"tensor.extract {srt['info']}[{ub.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
+                 for u in range(count)]
+        acc = ys0
+        for u in range(count):
+            guard = ub.v(f"arith.cmpi ult, {ub.const(u, 'index')}, {nu} : index", "g")
+            gb = Body()
+            gb.n = ub.n
+            step = expert_step(gb, acc, packs[u], "", SMALL_ROWS < slots)
+            ub.n = gb.n
+            acc = ub.v(f"scf.if {guard} -> ({ys_t}) {{\n    " + "\n    ".join(gb.lines)
+                       + f"\n    scf.yield {step} : {ys_t}\n  }} else {{\n    scf.yield {acc} : {ys_t}\n  }}", "ys")
+            acc = ub.v(f"flow.tensor.tie_shape {acc} : {ys_t}{{{S}}}", "ys")
+        return acc
+
+    if UNROLL_SLOTS and LOOP_READBACK == "packed":
+        few = b.v(f"arith.cmpi ule, {S}, {b.const(UNROLL_SLOTS, 'index')} : index", "few")
+        tb, eb = Body(), Body()
+        tb.n = b.n
+        y1 = unrolled_form(tb, UNROLL_SLOTS)
+        eb.n = tb.n
+        y2 = loop_form(eb)
+        b.n = eb.n
+        ys = b.v(f"scf.if {few} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    scf.yield {y1} : {ys_t}\n  }} else {{\n    "
+                 + "\n    ".join(eb.lines) + f"\n    scf.yield {y2} : {ys_t}\n  }}", "ys")
     else:
-        eid = load("used", "%ui", "e")
-        off, cnt = load("offsets", eid, "o"), load("counts", eid, "n")
-    xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
-    xe_dec = xe if xs_dec == xs else lb.v(
-        f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")
-    we = lb.v(f"tensor.extract_slice %w[{eid}, 0, 0] [1, {n}, {kk // 2}] [1, 1, 1] : {tt([e, n, kk // 2], 'i8')} to "
-              f"{tt([n, kk // 2], 'i8')}", "we")
-    se = lb.v(f"tensor.extract_slice %s[{eid}, 0, 0] [1, {n}, {kk // 32}] [1, 1, 1] : {tt([e, n, kk // 32], 'i8')} to "
-              f"{tt([n, kk // 32], 'i8')}", "se")
-    # init rows: the expert's bias (in f32) or zero
-    if bias is not None:
-        bname, bel = bias
-        be = lb.v(f"tensor.extract_slice {bname}[{eid}, 0] [1, {n}] [1, 1] : {tt([e, n], bel)} to {tt([n], bel)}", "be")
-        init = generic(lb, [(be, tt([n], bel), amap(2, "d1"))], [(empty(lb, [None, n], "f32", [cnt]), ys_t, amap(2, "d0, d1"))],
-                       ["parallel", "parallel"], to_f32_lines("%bv", bel, "%r") + ["linalg.yield %r : f32"],
-                       [("%bv", bel), ("%o", "f32")])
-    else:
-        init = filled(lb, [None, n], "f32", [cnt], "0.0")
-    small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
-    tb, eb = Body(), Body()
-    tb.n = lb.n
-    r1 = _lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)
-    eb.n = tb.n
-    r2 = _decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)
-    lb.n = eb.n
-    ye = lb.v(f"scf.if {small} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    %r1t = flow.tensor.tie_shape {r1} : {ys_t}{{{cnt}}}\n    scf.yield %r1t : {ys_t}\n  }} else {{\n    "
-              + "\n    ".join(eb.lines) + f"\n    %r2t = flow.tensor.tie_shape {r2} : {ys_t}{{{cnt}}}\n    scf.yield %r2t : {ys_t}\n  }}", "ye")
-    ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
-    ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
-    ins_t = lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
-    b.n = lb.n
-    ys = b.v(f"scf.for %ui = {c0} to {nu} step {c1} iter_args(%ys_acc = {ys0}) -> ({ys_t}) {{\n    "
-             + "\n    ".join(lb.lines) + f"\n    scf.yield {ins_t} : {ys_t}\n  }}", "ys")
+        ys = loop_form(b)
     ys = b.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
     return ys, srt["pos"]
 
