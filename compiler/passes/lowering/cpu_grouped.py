@@ -11,7 +11,9 @@ rows are grouped by expert so that each used expert's weights are read once:
 2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies).
 3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
    routing picked, so an expert no token chose costs nothing; each iteration reads back one packed i64,
-   ``id | offset << 16 | rows << 40``): the expert's weights are a
+   ``id | offset << 16 | rows << 40``; up to ``UNROLL_SLOTS`` slots the loop is unrolled instead, every
+   possible expert's entry read back at once and one guarded step per possible expert, so the host does
+   not wait on the device between experts): the expert's weights are a
    ``tensor.extract_slice`` of the parameter at a dynamic offset (no copy, no byte gather) and its rows
    a slice of ``xs``. Two kernels, picked per expert from its row count:
 
