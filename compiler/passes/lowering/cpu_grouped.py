@@ -42,7 +42,7 @@ consecutive bytes line up with 8 consecutive activations; scales and biases are 
 from __future__ import annotations
 
 from mxmoe.compiler.passes.lowering import mxfp4
-from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, to_f32_lines, tt
+from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
 #: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
@@ -360,14 +360,11 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
             init = filled(lb, [None, n], "f32", [cnt], "0.0")
         if decode_branch:
             small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
-            tb, eb = Body(), Body()
-            tb.n = lb.n
-            r1 = _lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)
-            eb.n = tb.n
-            r2 = _decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)
-            lb.n = eb.n
-            ye = lb.v(f"scf.if {small} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    %r1t = flow.tensor.tie_shape {r1} : {ys_t}{{{cnt}}}\n    scf.yield %r1t : {ys_t}\n  }} else {{\n    "
-                      + "\n    ".join(eb.lines) + f"\n    %r2t = flow.tensor.tie_shape {r2} : {ys_t}{{{cnt}}}\n    scf.yield %r2t : {ys_t}\n  }}", "ye")
+            ye = scf_if(lb, small, ys_t,
+                        lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)} : "
+                                        f"{ys_t}{{{cnt}}}", "r"),
+                        lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)} : "
+                                        f"{ys_t}{{{cnt}}}", "r"), "ye")
         else:  # at most SMALL_ROWS rows by construction
             ye = _lane_matvec(lb, xe, xel, we, se, init, cnt, n, kk)
         ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
@@ -395,25 +392,14 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         acc = ys0
         for u in range(count):
             guard = ub.v(f"arith.cmpi ult, {ub.const(u, 'index')}, {nu} : index", "g")
-            gb = Body()
-            gb.n = ub.n
-            step = expert_step(gb, acc, packs[u], "", SMALL_ROWS < slots)
-            ub.n = gb.n
-            acc = ub.v(f"scf.if {guard} -> ({ys_t}) {{\n    " + "\n    ".join(gb.lines)
-                       + f"\n    scf.yield {step} : {ys_t}\n  }} else {{\n    scf.yield {acc} : {ys_t}\n  }}", "ys")
+            acc = scf_if(ub, guard, ys_t, lambda gb, acc=acc, u=u: expert_step(gb, acc, packs[u], "", SMALL_ROWS < slots),
+                         lambda _, acc=acc: acc, "ys")
             acc = ub.v(f"flow.tensor.tie_shape {acc} : {ys_t}{{{S}}}", "ys")
         return acc
 
     if UNROLL_SLOTS and LOOP_READBACK == "packed":
         few = b.v(f"arith.cmpi ule, {S}, {b.const(UNROLL_SLOTS, 'index')} : index", "few")
-        tb, eb = Body(), Body()
-        tb.n = b.n
-        y1 = unrolled_form(tb, UNROLL_SLOTS)
-        eb.n = tb.n
-        y2 = loop_form(eb)
-        b.n = eb.n
-        ys = b.v(f"scf.if {few} -> ({ys_t}) {{\n    " + "\n    ".join(tb.lines) + f"\n    scf.yield {y1} : {ys_t}\n  }} else {{\n    "
-                 + "\n    ".join(eb.lines) + f"\n    scf.yield {y2} : {ys_t}\n  }}", "ys")
+        ys = scf_if(b, few, ys_t, lambda tb: unrolled_form(tb, UNROLL_SLOTS), loop_form, "ys")
     else:
         ys = loop_form(b)
     ys = b.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")

@@ -28,6 +28,20 @@ class Body:
         return self.v(f"arith.constant {value} : {ty}", "c")
 
 
+def scf_if(b: Body, cond: str, ty: str, then, otherwise, prefix: str = "if") -> str:
+    """``scf.if cond -> (ty)``; ``then``/``otherwise`` take a fresh Body (numbering continued from ``b``, so
+    names stay unique), write their branch into it and return the value the branch yields."""
+    tb = Body()
+    tb.n = b.n
+    tv = then(tb)
+    eb = Body()
+    eb.n = tb.n
+    ev = otherwise(eb)
+    b.n = eb.n
+    return b.v(f"scf.if {cond} -> ({ty}) {{\n    " + "\n    ".join(tb.lines) + f"\n    scf.yield {tv} : {ty}\n  }} else {{\n    "
+               + "\n    ".join(eb.lines) + f"\n    scf.yield {ev} : {ty}\n  }}", prefix)
+
+
 def amap(ndims: int, exprs: str) -> str:
     ds = ", ".join(f"d{i}" for i in range(ndims))
     return f"affine_map<({ds}) -> ({exprs})>"
