@@ -221,3 +221,41 @@ def test_unrolled_and_looped_expert_steps_agree(monkeypatch):
         x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
         assert torch.equal(unrolled(x), looped(x)), T
     check_tokens(unrolled, moe, tokens=(1, 2))
+
+
+def test_block_matvec_signmag_decode_variant(monkeypatch):
+    """The block matvec's previous nibble decode (f32 bit ops) stays selectable and exact."""
+    from mxmoe.compiler.passes.lowering import cpu_grouped
+
+    monkeypatch.setattr(cpu_grouped, "BLOCK_DECODE", "signmag")
+    monkeypatch.setattr(cpu_grouped, "MATVEC_F32_ROWS", False)
+    moe = MoE.random(TINY, seed=10)
+    cm = mxmoe.compile(moe, target="cpu")
+    check_tokens(cm, moe, tokens=(1, 7))
+
+
+def test_every_code_and_extreme_scales_through_the_matvec():
+    """Every byte value (both nibbles: all 16 e2m1 codes incl. -0 and the subnormal 0.5) in the w13 and w2
+    weights, with block scales from 2^-127 (e8m0 byte 0, an f32 subnormal) to 2^13, through the matvec the
+    few-token path uses (the f16 decode and its 2^14 correction): bit-identical to the reference would be
+    too strict (sum order), so the usual bound, and a NaN scale (0xFF) must give NaN where it is used."""
+    moe = MoE.random(TINY, seed=11)
+    with torch.no_grad():
+        for w in (moe.w13, moe.w2):
+            w.copy_((torch.arange(w.numel()) * 7 % 256).to(torch.uint8).view(w.shape))
+        for s, big in ((moe.w13_scale, 127 + 13), (moe.w2_scale, 127 + 2)):
+            pattern = torch.tensor([0, 1, 100, 118, 120, 127, big], dtype=torch.uint8)
+            s.copy_(pattern[torch.arange(s.numel()) % len(pattern)].view(s.shape))
+    cm = mxmoe.compile(moe, target="cpu")
+    for T in (1, 2, 7):
+        x = inputs(T, moe.config.hidden, 100 + T)
+        ref, out = moe(x).float(), cm(x).float()
+        assert torch.isfinite(ref).all()
+        assert float((out - ref).abs().max() / ref.abs().max()) < TOL, T
+    with torch.no_grad():
+        moe.w2_scale[:, 0, 0] = 255  # output column 0 of every expert's w2 reads a NaN scale
+    cm = mxmoe.compile(moe, target="cpu")
+    x = inputs(2, moe.config.hidden, 5)
+    ref, out = moe(x).float(), cm(x).float()
+    assert torch.isnan(ref[:, 0]).all() and torch.isnan(out[:, 0]).all()
+    assert torch.isfinite(out[:, 1:]).all()

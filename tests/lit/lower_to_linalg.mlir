@@ -66,6 +66,10 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // 2. activations gathered in expert order: whole rows, contiguous along K
 // CHECK: %[[XS:.+]] = linalg.generic {{.*}} ins(%[[ORDER]] : tensor<?xi32>) outs(%{{.+}} : tensor<?x64xbf16>)
 // CHECK: tensor.extract %[[GX]][%{{.+}}, %{{.+}}] : tensor<?x64xbf16>
+// and once more as f32 rows for the matvec (converted once, not once per output row)
+// CHECK: %[[XM:.+]] = linalg.generic {{.*}} ins(%[[ORDER]] : tensor<?xi32>) outs(%{{.+}} : tensor<?x64xf32>)
+// CHECK: tensor.extract %[[GX]][%{{.+}}, %{{.+}}] : tensor<?x64xbf16>
+// CHECK: arith.extf %{{.+}} : bf16 to f32
 // 3. a host loop whose trip count is the number of distinct experts picked (not E)
 // CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
 // CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
@@ -88,30 +92,34 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: arith.shrui %[[PK]], %{{.+}} : i64
 // the expert's rows and its weights are slices at a dynamic offset: no byte gather
 // CHECK: %[[XE:.+]] = tensor.extract_slice %[[XS]][%[[OFF:.+]], 0] [%[[CNT:.+]], 64] [1, 1] : tensor<?x64xbf16> to tensor<?x64xbf16>
+// CHECK: %[[XME:.+]] = tensor.extract_slice %[[XM]][%[[OFF]], 0] [%[[CNT]], 64] [1, 1] : tensor<?x64xf32> to tensor<?x64xf32>
 // CHECK: %[[WE:.+]] = tensor.extract_slice %[[GW]][%[[E:.+]], 0, 0] [1, 64, 32] [1, 1, 1] : tensor<4x64x32xi8> to tensor<64x32xi8>
 // CHECK: %[[SE:.+]] = tensor.extract_slice %[[GS]][%[[E]], 0, 0] [1, 64, 2] [1, 1, 1] : tensor<4x64x2xi8> to tensor<64x2xi8>
 // CHECK: tensor.extract_slice %[[GB]][%[[E]], 0] [1, 64] [1, 1] : tensor<4x64xbf16> to tensor<64xbf16>
 // few rows: the block matvec, decode in the body; (row, output, nibble half, byte) parallel, blocks reduced
 // CHECK: %[[SMALL:.+]] = arith.cmpi ule, %[[CNT]], %{{.+}} : index
 // CHECK: scf.if %[[SMALL]] -> (tensor<?x64xf32>)
-// CHECK: tensor.expand_shape %[[XE]] {{\[}}[0], [1, 2, 3]] output_shape [%[[CNT]], 2, 2, 16] : tensor<?x64xbf16> into tensor<?x2x2x16xbf16>
+// CHECK: tensor.expand_shape %[[XME]] {{\[}}[0], [1, 2, 3]] output_shape [%[[CNT]], 2, 2, 16] : tensor<?x64xf32> into tensor<?x2x2x16xf32>
 // CHECK: tensor.expand_shape %[[WE]] {{\[}}[0], [1, 2]] output_shape [64, 2, 16] : tensor<64x32xi8> into tensor<64x2x16xi8>
-// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins({{.*}} : tensor<?x2x2x16xbf16>, tensor<64x2x16xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<?x64x2x16xf32>) attrs =  {compilation_info = #[[COMP]]}
-// the nibble's sign bit shifted to bit 31, magnitude from the same word, min as compare + select
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]} ins({{.*}} : tensor<?x2x2x16xf32>, tensor<64x2x16xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<?x64x2x16xf32>) attrs =  {compilation_info = #[[COMP]]}
+// the nibble as f16 bits (i16 ops: a multiply by 2^(12-4h) puts it at bits 12-15), one f16 -> f32 conversion
 // CHECK: %[[NH:.+]] = linalg.index 2 : index
-// CHECK: %[[SH:.+]] = arith.shli %{{.+}}, %{{.+}} : i32
-// CHECK: %[[SG:.+]] = arith.andi %[[SH]], %{{.+}} : i32
-// CHECK: arith.shrui %[[SH]], %{{.+}} : i32
-// CHECK: %[[G:.+]] = arith.bitcast %{{.+}} : i32 to f32
-// CHECK: %[[G2:.+]] = math.fma %[[G]], %{{.+}}, %{{.+}} : f32
-// CHECK: %[[LT:.+]] = arith.cmpf olt, %[[G2]], %[[G]] : f32
-// CHECK: arith.select %[[LT]], %[[G2]], %[[G]] : f32
-// CHECK: arith.xori %{{.+}}, %[[SG]] : i32
-// CHECK: arith.mulf
+// CHECK: arith.extui %{{.+}} : i8 to i16
+// CHECK: %[[P2:.+]] = arith.shli %{{.+}}, %{{.+}} : i16
+// CHECK: %[[SH:.+]] = arith.muli %{{.+}}, %[[P2]] : i16
+// CHECK: %[[SG:.+]] = arith.andi %[[SH]], %{{.+}} : i16
+// CHECK: arith.shrui %[[SH]], %{{.+}} : i16
+// CHECK: arith.ori %{{.+}}, %[[SG]] : i16
+// CHECK: %[[F:.+]] = arith.bitcast %{{.+}} : i16 to f16
+// CHECK: arith.extf %[[F]] : f16 to f32
+// CHECK-NOT: linalg.yield
+// the product as an fma with a zero addend, then the add (not a contraction)
+// CHECK: math.fma
 // CHECK: arith.addf
 // CHECK: } -> tensor<?x64x2x16xf32>
-// the 32 partial sums per output are summed by a second generic
+// the 32 partial sums per output are summed by a second generic, the decode's 2^-14 multiplied back
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins({{.*}} : tensor<?x64x2x16xf32>) outs({{.*}} : tensor<?x64xf32>)
+// CHECK: arith.constant 1.638400e+04 : f32
 // CHECK: flow.tensor.tie_shape %{{.+}} : tensor<?x64xf32>{%[[CNT]]}
 // many rows: decode the expert once (f32, value order), then a contraction over (K/32, 32)
 // CHECK: } else {

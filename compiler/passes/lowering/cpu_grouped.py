@@ -76,6 +76,11 @@ UNROLL_SLOTS = 8
 BLOCK_VECTOR_ROWS = 1
 #: vector tile of its (nibble half, byte) dims
 BLOCK_VECTOR_TILE = (2, 16)
+#: nibble decode of the "block" form: "f16" (:func:`mxfp4.f16_nibble_value_lines`: i16 bit ops and one
+#: ``vcvtph2ps`` per 8 values) or "signmag" (the previous one, f32 bit ops); docs/cpu.md has the figures
+BLOCK_DECODE = "f16"
+#: the matvec reads activations gathered as f32 rows (one conversion per activation, not one per output row)
+MATVEC_F32_ROWS = True
 
 
 def _matvec_config(n: int) -> str:
@@ -116,18 +121,26 @@ def _block_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: 
              f"{tt([n, kk // 2], 'i8')} into {w3t}", "w")
     pt = tt([None, n, 2, 16], "f32")
     part0 = filled(b, [None, n, 2, 16], "f32", [cnt], "0.0")
-    body = (["%h = linalg.index 2 : index"] + mxfp4.signmag_nibble_value_lines("%wb", "%h", "%wv")
+    f16 = BLOCK_DECODE == "f16"
+    dec = (mxfp4.f16_nibble_value_lines if f16 else mxfp4.signmag_nibble_value_lines)("%wb", "%h", "%wv")
+    # The product is an fma with a zero addend, then added: a plain mulf + addf is recognized as a
+    # contraction, whose unit reduction dim MLIR lowers element by element (LLVM re-vectorizes most of it,
+    # with scalar stragglers); an fma as the combiner is not recognized as a reduction (nothing vectorizes).
+    body = (["%h = linalg.index 2 : index"] + dec
             + mxfp4.scale_lines("%sb", "%sv") + to_f32_lines("%xv", xel, "%xf")
-            + ["%ws = arith.mulf %wv, %sv : f32", "%p = arith.mulf %ws, %xf : f32", "%r = arith.addf %acc, %p : f32",
-               "linalg.yield %r : f32"])
+            + ["%ws = arith.mulf %wv, %sv : f32", "%z = arith.constant 0.0 : f32", "%p = math.fma %ws, %xf, %z : f32",
+               "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32"])
     part = generic(b, [(x4, x4t, amap(5, "d0, d4, d2, d3")), (w3, w3t, amap(5, "d1, d4, d3")),
                        (se, tt([n, kb], "i8"), amap(5, "d1, d4"))],
                    [(part0, pt, amap(5, "d0, d1, d2, d3"))],
                    ["parallel", "parallel", "parallel", "parallel", "reduction"], body,
                    [("%xv", xel), ("%wb", "i8"), ("%sb", "i8"), ("%acc", "f32")], attrs=_block_config(n))
+    total = ([f"%k = arith.constant {mxfp4.F16_NIBBLE_SCALE} : f32", "%as = arith.mulf %a, %k : f32",
+                                                                   "%r = arith.addf %as, %o : f32"] if f16
+             else ["%r = arith.addf %a, %o : f32"])
     return generic(b, [(part, pt, amap(4, "d0, d1, d2, d3"))],
                    [(init, tt([None, n], "f32"), amap(4, "d0, d1"))], ["parallel", "parallel", "reduction", "reduction"],
-                   ["%r = arith.addf %a, %o : f32", "linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])
+                   total + ["linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])
 
 
 def _lane_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: str, n: int, kk: int) -> str:
@@ -207,11 +220,14 @@ def _decoded_matmul(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt
                    [("%xv", xel), ("%wv", "f32"), ("%o", "f32")])
 
 
-def _gather_rows(b: Body, x: str, xt, order: str, k: int, kk: int, S: str, storage_order: bool) -> str:
+def _gather_rows(b: Body, x: str, xt, order: str, k: int, kk: int, S: str, storage_order: bool,
+                 f32: bool = False) -> str:
     """[S, kk] activations in expert order: row p is x[order[p] / k] (x: T x K) or x[order[p]] (T x k x K
     flattened). With ``storage_order`` each 32-block is permuted so position ``2b + h`` holds element
-    ``b + 16h``, the order of the f4 elements of the blocksplit bytes."""
+    ``b + 16h``, the order of the f4 elements of the blocksplit bytes. ``f32``: converted to f32 (exact)
+    on the way, so that a kernel reading each row many times does not convert it each time."""
     xel = str(xt.element_type)
+    oel = "f32" if f32 else xel
     if xt.rank == 2:
         src, src_t = x, str(xt)
         row = ["%sx = arith.index_cast %o32 : i32 to index", f"%kk = arith.constant {k} : index",
@@ -228,10 +244,11 @@ def _gather_rows(b: Body, x: str, xt, order: str, k: int, kk: int, S: str, stora
                 "%hb = arith.remui %p, %k2 : index", "%bb = arith.divui %p, %k2 : index",
                 "%h16 = arith.muli %hb, %k16 : index", "%off = arith.addi %h16, %bb : index",
                 "%col = arith.addi %base, %off : index"]
-    body = row + col + [f"%r = tensor.extract {src}[%row, %col] : {src_t}", f"linalg.yield %r : {xel}"]
+    body = row + col + [f"%e = tensor.extract {src}[%row, %col] : {src_t}"]
+    body += (to_f32_lines("%e", xel, "%r") + ["linalg.yield %r : f32"]) if f32 else [f"linalg.yield %e : {xel}"]
     return generic(b, [(order, tt([None], "i32"), amap(2, "d0"))],
-                   [(empty(b, [None, kk], xel, [S]), tt([None, kk], xel), amap(2, "d0, d1"))], ["parallel", "parallel"],
-                   body, [("%o32", "i32"), ("%out", xel)])
+                   [(empty(b, [None, kk], oel, [S]), tt([None, kk], oel), amap(2, "d0, d1"))], ["parallel", "parallel"],
+                   body, [("%o32", "i32"), ("%out", oel)])
 
 
 def _sort_slots(b: Body, ids_flat: str, S: str, e: int) -> dict[str, str]:
@@ -317,6 +334,10 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     xs = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False)
     xs_dec = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=True) \
         if DECODE_FOR_MATMUL == "scaling_extf" else xs
+    # the matvec reads each activation once per output row: f32 rows spare it a conversion per read
+    xs_mv = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False, f32=True) \
+        if MATVEC_F32_ROWS and xel != "f32" else xs
+    mvel = "f32" if MATVEC_F32_ROWS else xel
     nu32 = b.v(f"tensor.extract {srt['nused']}[] : {tt([], 'i32')}", "nu")
     nu = b.v(f"arith.index_cast {nu32} : i32 to index", "nu")
     ys0 = empty(b, [None, n], "f32", [S])
@@ -343,6 +364,8 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
             eid = load("used", ui, "e")
             off, cnt = load("offsets", eid, "o"), load("counts", eid, "n")
         xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
+        xe_mv = xe if xs_mv == xs else lb.v(
+            f"tensor.extract_slice {xs_mv}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], mvel)} to {tt([None, kk], mvel)}", "xm")
         xe_dec = xe if xs_dec == xs else lb.v(
             f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")
         we = lb.v(f"tensor.extract_slice %w[{eid}, 0, 0] [1, {n}, {kk // 2}] [1, 1, 1] : {tt([e, n, kk // 2], 'i8')} to "
@@ -361,12 +384,12 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         if decode_branch:
             small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
             ye = scf_if(lb, small, ys_t,
-                        lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe, xel, we, se, init, cnt, n, kk)} : "
+                        lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe_mv, mvel, we, se, init, cnt, n, kk)} : "
                                         f"{ys_t}{{{cnt}}}", "r"),
                         lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)} : "
                                         f"{ys_t}{{{cnt}}}", "r"), "ye")
         else:  # at most SMALL_ROWS rows by construction
-            ye = _lane_matvec(lb, xe, xel, we, se, init, cnt, n, kk)
+            ye = _lane_matvec(lb, xe_mv, mvel, we, se, init, cnt, n, kk)
         ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
         ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
         return lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
