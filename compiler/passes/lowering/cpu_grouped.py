@@ -18,8 +18,9 @@ rows are grouped by expert so that each used expert's weights are read once:
    a slice of ``xs``. Two kernels, picked per expert from its row count:
 
    * few rows (``count <= SMALL_ROWS``): a *block matvec* (``MATVEC_FORM = "block"``): one linalg.generic
-     over ``(row, out, nibble half, byte, block)`` whose body decodes the e2m1 nibble and e8m0 scale
-     with integer/bit ops and accumulates ``x * w`` into 32 f32 partial sums per output (one whole
+     over ``(row, out, nibble half, byte, block)`` whose body decodes the e2m1 nibble (as f16 bits, one
+     hardware conversion) and e8m0 scale and accumulates ``x * w`` (x: rows gathered once as f32)
+     into 32 f32 partial sums per output (one whole
      32-value block per reduction step, all other dims parallel, so the inner loop is plain SIMD with no
      horizontal reduction); a second generic sums the partials. Nothing dequantized is ever written to
      memory. Its tile sizes are pinned with ``compilation_info``. ``MATVEC_FORM = "lanes8"`` selects the
@@ -52,7 +53,7 @@ LANES = 8
 #: "int" (bit-twiddling decode) or "scaling_extf" (arith.scaling_extf on bitcast f4/f8 views) for the
 #: decode-once kernel; see docs/cpu.md for the measurements behind the default.
 DECODE_FOR_MATMUL = "int"
-#: decode of the "lanes8" matvec (the "block" form always uses "signmag"): "signmag" (one variable shift puts the nibble's sign bit at bit 31, the
+#: decode of the "lanes8" matvec (the "block" form's is ``BLOCK_DECODE``): "signmag" (one variable shift puts the nibble's sign bit at bit 31, the
 #: magnitude is taken from the same word, ``min`` as a compare + select so it lowers to one ``vminps``)
 #: or "int" (the first version: :func:`mxfp4.code_value_lines`, whose ``arith.minimumf`` costs a NaN
 #: check and a blend per vector). Both exact; docs/cpu.md has the measurements.
