@@ -195,7 +195,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool) -> No
     print("|" + "---|" * (header.count("|") - 1))
     for name in models:
         plan, binaries = read_bundle(os.path.join(plans_dir, name))
-        layer = MoE.random(name, seed=0).cuda()
+        layer = MoE.random(name.split("@")[0], seed=0).cuda()  # "MODEL@variant": a retiled plan of MODEL
         for routing in ("uniform", "skewed"):
             gen = torch.Generator().manual_seed(1)
             if routing == "skewed":

@@ -319,8 +319,9 @@ _SECOND_PROCESS = textwrap.dedent("""
     import torch
     from mxmoe.config import MoEConfig
     from mxmoe.torch_frontend import MoE, backend as B
-    m = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0)
-    x = torch.randn(13, 64).to(torch.bfloat16)
+    device = sys.argv[2]
+    m = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0).to(device)
+    x = torch.randn(13, 64).to(torch.bfloat16).to(device)
     with torch.no_grad():
         y = torch.compile(m, backend="mxmoe", options={"cache_dir": sys.argv[1], "rest": "eager",
                                                        "fallback": "raise"})(x)
@@ -330,10 +331,11 @@ _SECOND_PROCESS = textwrap.dedent("""
 """)
 
 
-def test_second_process_loads_from_disk(tmp_path):
+def _cold_and_warm_process(cache_dir, device: str) -> tuple[dict, dict]:
     def process():
-        out = subprocess.run([sys.executable, "-c", _SECOND_PROCESS, str(tmp_path / "cache")], capture_output=True,
-                             text=True, timeout=300)
+        safe_path = ["-P"] if sys.flags.safe_path else []  # a parent run with -P (no cwd on sys.path): the same
+        out = subprocess.run([sys.executable, *safe_path, "-c", _SECOND_PROCESS, str(cache_dir), device],
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -341,6 +343,11 @@ def test_second_process_loads_from_disk(tmp_path):
     assert cold["compiled"] == 1 and cold["disk_hits"] == 0, cold
     assert warm["compiled"] == 0 and warm["disk_hits"] == 1, warm
     assert cold["err"] <= 2e-2 and warm["err"] <= 2e-2
+    return cold, warm
+
+
+def test_second_process_loads_from_disk(tmp_path):
+    _cold_and_warm_process(tmp_path / "cache", "cpu")
 
 
 # -------------------------------------------------------------------------------------- registration
@@ -440,6 +447,14 @@ def test_cuda_model_runs_its_moe_regions_through_triton(tmp_path):
             assert (out - ref).abs().max() <= 2e-2 * ref.abs().max(), (n, (out - ref).abs().max(), ref.abs().max())
     # dynamo may trace twice (a 1-token graph, then the dynamic one): two regions each, one mxmoe compile
     assert B.stats.regions == 2 * B.stats.graphs and B.stats.fallbacks == 0 and B.stats.compiled == 1, B.stats
+
+
+@pytest.mark.gpu
+def test_second_cuda_process_runs_the_cached_triton_region(tmp_path):
+    """The disk cache's Triton entries (kernel plan + cubins) load and run in a fresh CUDA process."""
+    pytest.importorskip("iree.compiler", reason="mxmoe.compile needs the MLIR bindings")
+    _cold_and_warm_process(tmp_path / "cache", "cuda")
+    assert any(tmp_path.joinpath("cache").rglob("*")), "nothing was cached"
 
 
 @pytest.mark.gpu
