@@ -113,8 +113,8 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: %[[F:.+]] = arith.bitcast %{{.+}} : i16 to f16
 // CHECK: arith.extf %[[F]] : f16 to f32
 // CHECK-NOT: linalg.yield
-// the product as an fma with a zero addend, then the add (not a contraction)
-// CHECK: math.fma
+// the product as an fma with a zero addend, then the add (not a contraction), nsz so LLVM fuses the two
+// CHECK: math.fma {{.*}} fastmath<nsz,contract>
 // CHECK: arith.addf
 // CHECK: } -> tensor<?x64x2x16xf32>
 // the 32 partial sums per output are summed by a second generic, the decode's 2^-14 multiplied back

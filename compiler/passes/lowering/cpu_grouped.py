@@ -127,10 +127,12 @@ def _block_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: 
     # The product is an fma with a zero addend, then added: a plain mulf + addf is recognized as a
     # contraction, whose unit reduction dim MLIR lowers element by element (LLVM re-vectorizes most of it,
     # with scalar stragglers); an fma as the combiner is not recognized as a reduction (nothing vectorizes).
+    # ``nsz`` (the sign of a zero product may be ignored) lets LLVM fold fma(a, b, 0) + acc into one fma.
     body = (["%h = linalg.index 2 : index"] + dec
             + mxfp4.scale_lines("%sb", "%sv") + to_f32_lines("%xv", xel, "%xf")
-            + ["%ws = arith.mulf %wv, %sv : f32", "%z = arith.constant 0.0 : f32", "%p = math.fma %ws, %xf, %z : f32",
-               "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32"])
+            + ["%ws = arith.mulf %wv, %sv : f32", "%z = arith.constant 0.0 : f32",
+               "%p = math.fma %ws, %xf, %z fastmath<nsz,contract> : f32",
+               "%r = arith.addf %acc, %p fastmath<nsz,contract> : f32", "linalg.yield %r : f32"])
     part = generic(b, [(x4, x4t, amap(5, "d0, d4, d2, d3")), (w3, w3t, amap(5, "d1, d4, d3")),
                        (se, tt([n, kb], "i8"), amap(5, "d1, d4"))],
                    [(part0, pt, amap(5, "d0, d1, d2, d3"))],
