@@ -89,14 +89,20 @@ def f16_nibble_value_lines(byte_i8: str, half_index: str, out: str, p: str = "fh
 
 
 def scale_lines(s_i8: str, out: str, p: str = "sc") -> list[str]:
-    """f32 value of the e8m0 byte ``s_i8`` (i8), exactly, including 0 (2^-127) and 255 (NaN)."""
+    """f32 value of the e8m0 byte ``s_i8`` (i8), exactly, including 0 (2^-127) and 255 (NaN).
+
+    Branch-free integer ops: ``b << 23`` is right for 1..254; for b = 0 and 255 (the only bytes with
+    ``(b + 1) & 0xFE == 0``) bit 22 is or-ed in, giving 2^-127 (the subnormal 0x00400000) and the quiet
+    NaN 0x7FC00000. (Compare + select was lowered to branches around constant loads in the matvec loop.)
+    """
     return [
         f"%{p}q = arith.extui {s_i8} : i8 to i32", f"%{p}k23 = arith.constant 23 : i32",
-        f"%{p}k0 = arith.constant 0 : i32", f"%{p}k255 = arith.constant 255 : i32",
-        f"%{p}kmin = arith.constant 4194304 : i32", f"%{p}knan = arith.constant 2143289344 : i32",
+        f"%{p}k1 = arith.constant 1 : i32", f"%{p}k254 = arith.constant 254 : i32",
+        f"%{p}k31 = arith.constant 31 : i32", f"%{p}kbit = arith.constant 4194304 : i32",
         f"%{p}b = arith.shli %{p}q, %{p}k23 : i32",
-        f"%{p}z = arith.cmpi eq, %{p}q, %{p}k0 : i32", f"%{p}n = arith.cmpi eq, %{p}q, %{p}k255 : i32",
-        f"%{p}b1 = arith.select %{p}z, %{p}kmin, %{p}b : i32", f"%{p}b2 = arith.select %{p}n, %{p}knan, %{p}b1 : i32",
+        f"%{p}t = arith.addi %{p}q, %{p}k1 : i32", f"%{p}t2 = arith.andi %{p}t, %{p}k254 : i32",
+        f"%{p}t3 = arith.subi %{p}t2, %{p}k1 : i32", f"%{p}t4 = arith.shrsi %{p}t3, %{p}k31 : i32",
+        f"%{p}t5 = arith.andi %{p}t4, %{p}kbit : i32", f"%{p}b2 = arith.ori %{p}b, %{p}t5 : i32",
         f"{out} = arith.bitcast %{p}b2 : i32 to f32",
     ]
 
