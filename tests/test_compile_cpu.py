@@ -208,19 +208,20 @@ def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
     check_tokens(cm, moe, tokens=(1, 7, 64))
 
 
-def test_unrolled_and_looped_expert_steps_agree(monkeypatch):
-    """Up to UNROLL_SLOTS slots the expert loop is unrolled (entries read back at once); above, an scf.for.
-    Both forms give bit-identical outputs for the slot counts either can take."""
+def test_read_back_all_and_per_iteration_expert_loops_agree(monkeypatch):
+    """Up to READBACK_ALL_SLOTS slots the expert loop reads every entry back before it starts; above, one
+    read back per iteration. Both forms give bit-identical outputs for the slot counts either can take."""
     from mxmoe.compiler.passes.lowering import cpu_grouped
 
     moe = MoE.random(TINY, seed=9)
-    unrolled = mxmoe.compile(moe, target="cpu")
-    monkeypatch.setattr(cpu_grouped, "UNROLL_SLOTS", 0)
-    looped = mxmoe.compile(moe, target="cpu")
-    for T in (1, 2, 3):
+    upfront = mxmoe.compile(moe, target="cpu")
+    monkeypatch.setattr(cpu_grouped, "READBACK_ALL_SLOTS", 0)
+    per_iteration = mxmoe.compile(moe, target="cpu")
+    assert "scf.index_switch" in upfront.mlir and "scf.index_switch" not in per_iteration.mlir
+    for T in (1, 2, 3, 17):
         x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
-        assert torch.equal(unrolled(x), looped(x)), T
-    check_tokens(unrolled, moe, tokens=(1, 2))
+        assert torch.equal(upfront(x), per_iteration(x)), T
+    check_tokens(upfront, moe, tokens=(1, 2, 17))
 
 
 def test_block_matvec_signmag_decode_variant(monkeypatch):

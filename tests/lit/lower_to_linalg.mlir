@@ -73,17 +73,18 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // 3. a host loop whose trip count is the number of distinct experts picked (not E)
 // CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
 // CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
-// up to 8 slots (T*k): the loop unrolled, every possible expert's entry read back first (one wait), then
-// one guarded step per possible expert (here min(E, 8) = 4), each the block matvec only
+// up to 64 slots (T*k): every expert's entry read back before the loop (one wait); each iteration picks
+// its entry on the host (scf.index_switch over the E = 4 entries), so the host never waits between experts
 // CHECK: %[[FEW:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
 // CHECK: %[[YS:.+]] = scf.if %[[FEW]] -> (tensor<?x64xf32>)
 // CHECK-COUNT-4: tensor.extract %[[INFO]][%{{.+}}] : tensor<4xi64>
-// CHECK: %[[G0:.+]] = arith.cmpi ult, %{{.+}}, %[[NU]] : index
-// CHECK-NEXT: scf.if %[[G0]] -> (tensor<?x64xf32>)
-// CHECK-NOT: scf.for
+// CHECK: scf.for %[[UA:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args
+// CHECK-NOT: tensor.extract %[[INFO]]
+// CHECK: scf.index_switch %[[UA]] -> i64
+// CHECK: case 3 {
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-// CHECK-NOT: scf.for
 // CHECK: tensor.insert_slice
+// more slots: one i64 read back per iteration (which also bounds the work queued at once)
 // CHECK: } else {
 // CHECK: %[[YSF:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
 // CHECK: %[[PK:.+]] = tensor.extract %[[INFO]][%[[U]]] : tensor<4xi64>

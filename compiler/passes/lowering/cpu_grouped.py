@@ -10,10 +10,10 @@ rows are grouped by expert so that each used expert's weights are read once:
    at 2048 slots; never any weight traffic.
 2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies).
 3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
-   routing picked, so an expert no token chose costs nothing; each iteration reads back one packed i64,
-   ``id | offset << 16 | rows << 40``; up to ``UNROLL_SLOTS`` slots the loop is unrolled instead, every
-   possible expert's entry read back at once and one guarded step per possible expert, so the host does
-   not wait on the device between experts): the expert's weights are a
+   routing picked, so an expert no token chose costs nothing; each used expert has one packed i64,
+   ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots all of them are read back before
+   the loop and each iteration picks its own on the host, so the host never waits on the device between
+   experts; above, each iteration reads its entry back): the expert's weights are a
    ``tensor.extract_slice`` of the parameter at a dynamic offset (no copy, no byte gather) and its rows
    a slice of ``xs``. Two kernels, picked per expert from its row count:
 
@@ -69,10 +69,10 @@ MATVEC_FORM = "block"
 #: "packed": the host loop reads each used expert's (id, offset, rows) back as one i64 (one device round
 #: trip per expert); "separate": three i32 reads (the first version)
 LOOP_READBACK = "packed"
-#: at most this many slots (T*k) take the unrolled form of the expert loop: all used experts' packed
-#: entries read back at once, then one guarded step per possible expert (no host wait between experts);
-#: 0 keeps the scf.for form everywhere
-UNROLL_SLOTS = 8
+#: at most this many slots (T*k): every used expert's packed entry is read back before the expert loop and
+#: the loop picks its entry on the host (no wait on the device between experts); above, one read back per
+#: iteration, which also bounds how much work (and how many decoded f32 experts) is queued at once
+READBACK_ALL_SLOTS = 64
 #: outputs per vector tile of the "block" form (each takes 4 ymm accumulators; 2 or 4 measured 3x slower)
 BLOCK_VECTOR_ROWS = 1
 #: vector tile of its (nibble half, byte) dims
@@ -397,37 +397,35 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
         return lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
 
-    def loop_form(fb: Body) -> str:
-        """scf.for over the used experts; each iteration reads its expert's packed (id, offset, rows) back."""
+    def loop_form(fb: Body, readback: str) -> str:
+        """scf.for over the used experts. ``readback``: "all" reads every expert's packed (id, offset, rows)
+        back before the loop (one wait) and each iteration picks its entry on the host, so the host never
+        waits on the device between experts; "packed" ("separate") reads one i64 (three i32) back per
+        iteration."""
+        if readback == "all":
+            packs = [fb.v(f"tensor.extract {srt['info']}[{fb.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
+                     for u in range(e)]
         lb = Body()
         lb.n = fb.n
-        packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk") if LOOP_READBACK == "packed" else None
+        if readback == "all":
+            cases = "".join(f"\n    case {u} {{\n      scf.yield {packs[u]} : i64\n    }}" for u in range(1, e))
+            packed = lb.v(f"scf.index_switch %ui -> i64{cases}\n    default {{\n      scf.yield {packs[0]} : i64\n    }}",
+                          "pk")
+        elif readback == "packed":
+            packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk")
+        else:
+            packed = None
         step = expert_step(lb, "%ys_acc", packed, "%ui", True)
         fb.n = lb.n
         ys = fb.v(f"scf.for %ui = {c0} to {nu} step {c1} iter_args(%ys_acc = {ys0}) -> ({ys_t}) {{\n    "
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
         return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
 
-    def unrolled_form(ub: Body, slots: int) -> str:
-        """At most ``slots`` slots, so at most that many used experts: every expert's packed entry is read
-        back first (one wait), then one guarded step per possible expert, so the host never waits between
-        experts' dispatches."""
-        count = min(e, slots)
-        packs = [ub.v(f"tensor.extract {srt['info']}[{ub.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
-                 for u in range(count)]
-        acc = ys0
-        for u in range(count):
-            guard = ub.v(f"arith.cmpi ult, {ub.const(u, 'index')}, {nu} : index", "g")
-            acc = scf_if(ub, guard, ys_t, lambda gb, acc=acc, u=u: expert_step(gb, acc, packs[u], "", SMALL_ROWS < slots),
-                         lambda _, acc=acc: acc, "ys")
-            acc = ub.v(f"flow.tensor.tie_shape {acc} : {ys_t}{{{S}}}", "ys")
-        return acc
-
-    if UNROLL_SLOTS and LOOP_READBACK == "packed":
-        few = b.v(f"arith.cmpi ule, {S}, {b.const(UNROLL_SLOTS, 'index')} : index", "few")
-        ys = scf_if(b, few, ys_t, lambda tb: unrolled_form(tb, UNROLL_SLOTS), loop_form, "ys")
+    if READBACK_ALL_SLOTS and LOOP_READBACK == "packed":
+        few = b.v(f"arith.cmpi ule, {S}, {b.const(READBACK_ALL_SLOTS, 'index')} : index", "few")
+        ys = scf_if(b, few, ys_t, lambda tb: loop_form(tb, "all"), lambda eb: loop_form(eb, "packed"), "ys")
     else:
-        ys = loop_form(b)
+        ys = loop_form(b, LOOP_READBACK)
     ys = b.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
     return ys, srt["pos"]
 
