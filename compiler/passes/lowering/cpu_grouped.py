@@ -66,8 +66,9 @@ MATVEC_REDUCTION_TILE = (1, 1, 1)
 #: the blocks only, 32 f32 partial sums per output) or "lanes8" (the first version: 8 lanes, the block's
 #: 2 x 2 vectors as inner reduction loops)
 MATVEC_FORM = "block"
-#: "packed": the host loop reads each used expert's (id, offset, rows) back as one i64 (one device round
-#: trip per expert); "separate": three i32 reads (the first version)
+#: above ``READBACK_ALL_SLOTS`` slots, "packed": the host loop reads each used expert's (id, offset, rows)
+#: back as one i64 (one device round trip per expert); "separate": three i32 reads at every slot count
+#: (the first version)
 LOOP_READBACK = "packed"
 #: at most this many slots (T*k): every used expert's packed entry is read back before the expert loop and
 #: the loop picks its entry on the host (no wait on the device between experts); above, one read back per
@@ -347,7 +348,7 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     ys_t = tt([None, n], "f32")
     evec = tt([e], "i32")
 
-    def expert_step(lb: Body, acc_in: str, packed: str | None, ui: str, decode_branch: bool) -> str:
+    def expert_step(lb: Body, acc_in: str, packed: str | None, ui: str) -> str:
         """One used expert's rows: ``acc_in`` with rows [off, off + cnt) replaced by the expert's results."""
         acc = lb.v(f"flow.tensor.tie_shape {acc_in} : {ys_t}{{{S}}}", "acc")
 
@@ -384,15 +385,12 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
                            [("%bv", bel), ("%o", "f32")])
         else:
             init = filled(lb, [None, n], "f32", [cnt], "0.0")
-        if decode_branch:
-            small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
-            ye = scf_if(lb, small, ys_t,
-                        lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe_mv, mvel, we, se, init, cnt, n, kk)} : "
-                                        f"{ys_t}{{{cnt}}}", "r"),
-                        lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)} : "
-                                        f"{ys_t}{{{cnt}}}", "r"), "ye")
-        else:  # at most SMALL_ROWS rows by construction
-            ye = _lane_matvec(lb, xe_mv, mvel, we, se, init, cnt, n, kk)
+        small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
+        ye = scf_if(lb, small, ys_t,
+                    lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe_mv, mvel, we, se, init, cnt, n, kk)} : "
+                                    f"{ys_t}{{{cnt}}}", "r"),
+                    lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)} : "
+                                    f"{ys_t}{{{cnt}}}", "r"), "ye")
         ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
         ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
         return lb.v(f"flow.tensor.tie_shape {ins} : {ys_t}{{{S}}}", "ins")
@@ -415,7 +413,7 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
             packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk")
         else:
             packed = None
-        step = expert_step(lb, "%ys_acc", packed, "%ui", True)
+        step = expert_step(lb, "%ys_acc", packed, "%ui")
         fb.n = lb.n
         ys = fb.v(f"scf.for %ui = {c0} to {nu} step {c1} iter_args(%ys_acc = {ys0}) -> ({ys_t}) {{\n    "
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
