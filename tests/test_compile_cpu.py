@@ -209,18 +209,21 @@ def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
 
 
 def test_read_back_all_and_per_iteration_expert_loops_agree(monkeypatch):
-    """Up to READBACK_ALL_SLOTS slots the expert loop reads every entry back before it starts; above, one
-    read back per iteration. Both forms give bit-identical outputs for the slot counts either can take."""
+    """Up to READBACK_ALL_SLOTS slots the expert loop reads the first READBACK_ENTRIES entries back before it
+    starts (later ones in their iteration); above, one read back per iteration. All give bit-identical
+    outputs."""
     from mxmoe.compiler.passes.lowering import cpu_grouped
 
     moe = MoE.random(TINY, seed=9)
     upfront = mxmoe.compile(moe, target="cpu")
+    monkeypatch.setattr(cpu_grouped, "READBACK_ENTRIES", 2)  # E = 4: experts 3 and 4 read in their iteration
+    partly = mxmoe.compile(moe, target="cpu")
     monkeypatch.setattr(cpu_grouped, "READBACK_ALL_SLOTS", 0)
     per_iteration = mxmoe.compile(moe, target="cpu")
     assert "scf.index_switch" in upfront.mlir and "scf.index_switch" not in per_iteration.mlir
     for T in (1, 2, 3, 17):
         x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
-        assert torch.equal(upfront(x), per_iteration(x)), T
+        assert torch.equal(upfront(x), per_iteration(x)) and torch.equal(partly(x), per_iteration(x)), T
     check_tokens(upfront, moe, tokens=(1, 2, 17))
 
 

@@ -70,10 +70,14 @@ MATVEC_FORM = "block"
 #: back as one i64 (one device round trip per expert); "separate": three i32 reads at every slot count
 #: (the first version)
 LOOP_READBACK = "packed"
-#: at most this many slots (T*k): every used expert's packed entry is read back before the expert loop and
-#: the loop picks its entry on the host (no wait on the device between experts); above, one read back per
-#: iteration, which also bounds how much work (and how many decoded f32 experts) is queued at once
+#: at most this many slots (T*k): the used experts' packed entries are read back before the expert loop
+#: and the loop picks its entry on the host (no wait on the device between experts); above, one read back
+#: per iteration, which also bounds how much work (and how many decoded f32 experts) is queued at once
 READBACK_ALL_SLOTS = 64
+#: how many entries that form reads back before the loop (later ones, only with more used experts than
+#: this, are read in their iteration): iree-compile time grows fast with it (gpt-oss-120b, E = 128:
+#: 3.6 s for the module without the form, 7.9 s with 32 entries, 20.5 s with 64, 156 s with 128)
+READBACK_ENTRIES = 32
 #: outputs per vector tile of the "block" form (each takes 4 ymm accumulators; 2 or 4 measured 3x slower)
 BLOCK_VECTOR_ROWS = 1
 #: vector tile of its (nibble half, byte) dims
@@ -400,15 +404,23 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         back before the loop (one wait) and each iteration picks its entry on the host, so the host never
         waits on the device between experts; "packed" ("separate") reads one i64 (three i32) back per
         iteration."""
-        if readback == "all":
+        if readback == "all":  # used experts come first in info: the first READBACK_ENTRIES of them
             packs = [fb.v(f"tensor.extract {srt['info']}[{fb.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
-                     for u in range(e)]
+                     for u in range(min(e, READBACK_ENTRIES))]
         lb = Body()
         lb.n = fb.n
         if readback == "all":
-            cases = "".join(f"\n    case {u} {{\n      scf.yield {packs[u]} : i64\n    }}" for u in range(1, e))
-            packed = lb.v(f"scf.index_switch %ui -> i64{cases}\n    default {{\n      scf.yield {packs[0]} : i64\n    }}",
-                          "pk")
+            def pick(sb: Body) -> str:
+                cases = "".join(f"\n    case {u} {{\n      scf.yield {packs[u]} : i64\n    }}" for u in range(1, len(packs)))
+                return sb.v(f"scf.index_switch %ui -> i64{cases}\n    default {{\n      scf.yield {packs[0]} : i64\n    }}",
+                            "pk")
+
+            if len(packs) == e:
+                packed = pick(lb)
+            else:  # later used experts (E > READBACK_ENTRIES) are read back in their iteration
+                early = lb.v(f"arith.cmpi ult, %ui, {lb.const(len(packs), 'index')} : index", "early")
+                packed = scf_if(lb, early, "i64", pick,
+                                lambda eb: eb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk"), "pk")
         elif readback == "packed":
             packed = lb.v(f"tensor.extract {srt['info']}[%ui] : {tt([e], 'i64')}", "pk")
         else:
