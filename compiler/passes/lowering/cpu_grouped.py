@@ -47,7 +47,8 @@ from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, gener
 
 LAYOUT = "cpu-mxfp4-blocksplit"
 #: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
-SMALL_ROWS = 8
+#: (with the f16-decode matvec, 32 beat 8 by 25-30% at 64-128 tokens and tied at 32 and 256; docs/cpu.md)
+SMALL_ROWS = 32
 #: lanes of the "lanes8" matvec (f32 accumulators per output row): one AVX2 vector
 LANES = 8
 #: "int" (bit-twiddling decode) or "scaling_extf" (arith.scaling_extf on bitcast f4/f8 views) for the
