@@ -144,9 +144,9 @@ def _block_matvec(b: Body, xe: str, xel: str, we: str, se: str, init: str, cnt: 
                    [(part0, pt, amap(5, "d0, d1, d2, d3"))],
                    ["parallel", "parallel", "parallel", "parallel", "reduction"], body,
                    [("%xv", xel), ("%wb", "i8"), ("%sb", "i8"), ("%acc", "f32")], attrs=_block_config(n))
+    # the f16 decode's partial sums carry 2^-14: multiplied back here, once per partial
     total = ([f"%k = arith.constant {mxfp4.F16_NIBBLE_SCALE} : f32", "%as = arith.mulf %a, %k : f32",
-                                                                   "%r = arith.addf %as, %o : f32"] if f16
-             else ["%r = arith.addf %a, %o : f32"])
+              "%r = arith.addf %as, %o : f32"] if f16 else ["%r = arith.addf %a, %o : f32"])
     return generic(b, [(part, pt, amap(4, "d0, d1, d2, d3"))],
                    [(init, tt([None, n], "f32"), amap(4, "d0, d1"))], ["parallel", "parallel", "reduction", "reduction"],
                    total + ["linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])

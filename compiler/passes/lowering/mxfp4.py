@@ -67,7 +67,7 @@ def f16_nibble_value_lines(byte_i8: str, half_index: str, out: str, p: str = "fh
     The code ``[s e1 e0 m]`` placed as f16 bits ``s << 15 | e << 10 | m << 9`` is
     ``(-1)^s 2^(e-15) (1 + m/2)`` for ``e > 0`` and the f16 subnormal ``(-1)^s m 2^-15`` for ``e == 0``:
     the e2m1 value times 2^-14 in both cases, with no select. Work is on i16 lanes (16 per vector):
-    ``a = byte << (12 - 4h)`` puts the nibble at bits 12-15, ``a & 0x8000`` is the sign and
+    ``a = byte * 2^(12 - 4h)`` (a multiply, see below) puts the nibble at bits 12-15, ``a & 0x8000`` is the sign and
     ``(a >> 3) & 0x0E00`` the magnitude. The caller multiplies the 2^14 back in once per output.
     """
     return [
