@@ -43,12 +43,14 @@ def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
         cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),))
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
-        for cls, gemm, bn, bk, w, st in variants:  # AOT-compiled tile variants, to time what ships
+        for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
             from mxmoe.runtime.triton_kernels.aot import compile_plan
 
-            plan = retile(cm.kernel_plan, cls, gemm, bn, bk, w, st)
+            plan = cm.kernel_plan
+            for cls, gemm, bn, bk, w, st in variant:
+                plan = retile(plan, cls, gemm, bn, bk, w, st)
             binaries, plan["cubins"] = compile_plan(plan)
-            vname = f"{name}@{cls}-{gemm}-{bn}-{bk}-{w}-{st}"
+            vname = name + "@" + "+".join(f"{cls}-{gemm}-{bn}-{bk}-{w}-{st}" for cls, gemm, bn, bk, w, st in variant)
             write_bundle(os.path.join(out_dir, vname), plan, binaries)
             print(f"{vname}: {len(binaries)} cubins", flush=True)
 
@@ -321,7 +323,8 @@ def main(argv=None) -> int:
     ap.add_argument("--build", metavar="DIR", help="compile plans + cubins into DIR (CPU machine with the compiler)")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--variants", default="", help="with --build: extra AOT bundles with other GEMM tiles, "
-                    "'class:gemm:N:K:warps:stages;...' (named MODEL@class-gemm-N-K-warps-stages)")
+                    "'class:gemm:N:K:warps:stages[+class:gemm:...];...' (named MODEL@class-gemm-N-K-warps-stages[+...]; "
+                    "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -331,7 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
     args = ap.parse_args(argv)
     if args.build:
-        variants = [(c[0], c[1], *map(int, c[2:])) for c in (v.split(":") for v in args.variants.split(";") if v)]
+        variants = [[(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]
+                    for v in args.variants.split(";") if v]
         build(args.build, args.arch, variants)
         return 0
     tokens = [int(t) for t in args.tokens.split(",")]

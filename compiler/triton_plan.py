@@ -377,7 +377,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     classes = []
     for cls_name, max_tokens in SHAPE_CLASSES:
         c13 = class_config(cls_name, 2 * I, H, arch)
-        c2 = class_config(cls_name, H, I, arch)
+        c2 = class_config(cls_name, H, I, arch, gemm="combine")
         bm = c13.BLOCK_M
         # Upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one
         # partial block, and at most min(E, T*k) experts are non-empty.

@@ -174,7 +174,13 @@ def test_choose_config_classes(arch):
     assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
     assert choose_config(4, 4, 5760, 2880, arch).BLOCK_N < choose_config(5, 4, 5760, 2880, arch).BLOCK_N
     for T in (1, 4, 5, 64, 65, 1024, 4096):  # both GEMMs of one forward must share BLOCK_M
-        assert choose_config(T, 4, 5760, 2880, arch).BLOCK_M == choose_config(T, 4, 2880, 2880, arch).BLOCK_M
+        glu, combine = choose_config(T, 4, 5760, 2880, arch), choose_config(T, 4, 2880, 2880, arch, gemm="combine")
+        assert glu.BLOCK_M == combine.BLOCK_M
+    if arch == 90:  # prefill's warp count is per GEMM (measured on the H100, docs/nvidia.md)
+        assert choose_config(4096, 4, 5760, 2880, arch, gemm="glu").num_warps == 8
+        assert choose_config(4096, 4, 2880, 2880, arch, gemm="combine").num_warps == 4
+    with pytest.raises(ValueError, match="gemm"):
+        choose_config(4096, 4, 2880, 2880, arch, gemm="w2")
     assert choose_config(1, 2, 64, 96, arch).BLOCK_N == 32
     assert choose_config(2000, 2, 64, 96, arch).BLOCK_N == 64  # clamped to the (tiny) N
     with pytest.raises(ValueError):

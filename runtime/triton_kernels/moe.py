@@ -49,7 +49,7 @@ def plan_moe_forward(x, logits, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias,
     intermediate = layout.logical_shape(w13)[1] // 2
     arch = device_arch(x.device) if arch is None else arch
     cfg13 = config or choose_config(num_tokens, top_k, 2 * intermediate, hidden, arch)
-    cfg2 = config or choose_config(num_tokens, top_k, hidden, intermediate, arch)
+    cfg2 = config or choose_config(num_tokens, top_k, hidden, intermediate, arch, gemm="combine")
 
     route, routing_weights, ids = plan_routing(logits, top_k, routing, renormalize)
     group, groups = plan_grouping(ids, num_experts, cfg13.BLOCK_M)

@@ -77,12 +77,15 @@ def shape_class(num_tokens: int) -> str:
     raise AssertionError("unreachable: the last class is unbounded")
 
 
-def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
-    """Tile shape of class ``name`` for a grouped GEMM with output width ``N`` and reduction depth ``K``.
+def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -> TileConfig:
+    """Tile shape of class ``name`` for grouped GEMM ``gemm`` ("glu": w13, "combine": w2) with output
+    width ``N`` and reduction depth ``K``.
 
-    BLOCK_M depends only on the class (never on N or K) so the w13 and w2 GEMMs of one forward
-    agree on it: both read the same per-block expert map.
+    BLOCK_M depends only on the class (never on the GEMM, N or K) so the w13 and w2 GEMMs of one
+    forward agree on it: both read the same per-block expert map.
     """
+    if gemm not in ("glu", "combine"):
+        raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
     tma = False
@@ -91,15 +94,18 @@ def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
         # small CTAs (narrow N, 2 warps) and issue long K loads.
         block_m, block_n, block_k, warps, stages = 16, 32, 256, 2, 4
     elif name == "decode":
-        # A few rows per expert (5-64 tokens): wide N tiles whose weights arrive by TMA.
-        block_m, block_n, block_k, warps, stages, tma = 16, 128, 256, 4, 3, True
+        # A few rows per expert (5-64 tokens): weights arrive by TMA in 64-wide N tiles (7-10% faster at
+        # 8-64 tokens than 128-wide; 32-wide or 2 warps or K=512 were no better).
+        block_m, block_n, block_k, warps, stages, tma = 16, 64, 256, 4, 3, True
     elif name == "mid":
         # K=64 / 4 stages: 10-14% faster than K=128 / 3 stages at 512 tokens; TMA weight tiles another
-        # 3-6% (in prefill they were 1-4% slower, so prefill keeps plain loads).
-        block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 4, 4, True
+        # 3-6% (in prefill they were 1-4% slower, so prefill keeps plain loads); 8 warps on both GEMMs
+        # another 11-12% (4 warps on the w13 GEMM alone: half of that).
+        block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 8, 4, True
     elif name == "prefill":
-        # K=64 / 4 warps / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens.
-        block_m, block_n, block_k, warps, stages = 128, 128, 64, 4, 4
+        # K=64 / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens; with K=64,
+        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM.
+        block_m, block_n, block_k, warps, stages = 128, 128, 64, 8 if gemm == "glu" else 4, 4
     else:
         raise ValueError(f"unknown shape class {name!r} (known: {', '.join(n for n, _ in SHAPE_CLASSES)})")
     if arch >= 100 and name not in ("gemv", "decode"):
@@ -113,14 +119,14 @@ def class_config(name: str, N: int, K: int, arch: int = 90) -> TileConfig:
     return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma)
 
 
-def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90) -> TileConfig:
+def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu") -> TileConfig:
     """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class.
 
     ``top_k`` is accepted for the signature's sake; the class boundary is on tokens because with
     E >> k each expert sees ~T*k/E rows.
     """
     del top_k  # see docstring
-    return class_config(shape_class(num_tokens), N, K, arch)
+    return class_config(shape_class(num_tokens), N, K, arch, gemm)
 
 
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:

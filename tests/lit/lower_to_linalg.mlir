@@ -108,10 +108,10 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: arith.extui %{{.+}} : i8 to i16
 // CHECK: %[[P2:.+]] = arith.shli %{{.+}}, %{{.+}} : i16
 // CHECK: %[[SH:.+]] = arith.muli %{{.+}}, %[[P2]] : i16
-// CHECK: %[[SG:.+]] = arith.andi %[[SH]], %{{.+}} : i16
-// CHECK: arith.shrui %[[SH]], %{{.+}} : i16
-// CHECK: arith.ori %{{.+}}, %[[SG]] : i16
-// CHECK: %[[F:.+]] = arith.bitcast %{{.+}} : i16 to f16
+// an arithmetic shift right by 3 and one mask (sign bit and magnitude bits, 0x8E00) give the f16 pattern
+// CHECK: %[[SR:.+]] = arith.shrsi %[[SH]], %{{.+}} : i16
+// CHECK: %[[FB:.+]] = arith.andi %[[SR]], %{{.+}} : i16
+// CHECK: %[[F:.+]] = arith.bitcast %[[FB]] : i16 to f16
 // CHECK: arith.extf %[[F]] : f16 to f32
 // CHECK-NOT: linalg.yield
 // the product as an fma with a zero addend, then the add (not a contraction), nsz so LLVM fuses the two

@@ -67,23 +67,24 @@ def f16_nibble_value_lines(byte_i8: str, half_index: str, out: str, p: str = "fh
     The code ``[s e1 e0 m]`` placed as f16 bits ``s << 15 | e << 10 | m << 9`` is
     ``(-1)^s 2^(e-15) (1 + m/2)`` for ``e > 0`` and the f16 subnormal ``(-1)^s m 2^-15`` for ``e == 0``:
     the e2m1 value times 2^-14 in both cases, with no select. Work is on i16 lanes (16 per vector):
-    ``a = byte * 2^(12 - 4h)`` (a multiply, see below) puts the nibble at bits 12-15, ``a & 0x8000`` is the sign and
-    ``(a >> 3) & 0x0E00`` the magnitude. The caller multiplies the 2^14 back in once per output.
+    ``a = byte * 2^(12 - 4h)`` (a multiply, see below) puts the nibble at bits 12-15; an arithmetic
+    ``a >> 3`` moves the magnitude to bits 9-11 and copies the sign into bits 12-15, so ``& 0x8E00`` (sign
+    and magnitude bits) leaves exactly the f16 pattern: two vector ops. The caller multiplies the 2^14
+    back in once per output.
     """
     return [
         f"%{p}q = arith.extui {byte_i8} : i8 to i16", f"%{p}h32 = arith.index_cast {half_index} : index to i32",
         # (index -> i16 directly makes IREE's vectorizer give up on the whole generic)
         f"%{p}h = arith.trunci %{p}h32 : i32 to i16",
         f"%{p}k4 = arith.constant 4 : i16", f"%{p}k12 = arith.constant 12 : i16", f"%{p}k3 = arith.constant 3 : i16",
-        f"%{p}kmag = arith.constant 3584 : i16", f"%{p}ksgn = arith.constant -32768 : i16",
-        f"%{p}k1 = arith.constant 1 : i16",
+        f"%{p}kbits = arith.constant -29184 : i16", f"%{p}k1 = arith.constant 1 : i16",
         f"%{p}h4 = arith.muli %{p}h, %{p}k4 : i16", f"%{p}sh = arith.subi %{p}k12, %{p}h4 : i16",
         # a multiply by 2^sh, not a shift: AVX2 has no per-lane i16 shift, and the shift-count extraction
         # LLVM emits for one (SSE4a ``extrq`` on znver) stalls on the AVX state
         f"%{p}m = arith.shli %{p}k1, %{p}sh : i16",
-        f"%{p}a = arith.muli %{p}q, %{p}m : i16", f"%{p}sg = arith.andi %{p}a, %{p}ksgn : i16",
-        f"%{p}b0 = arith.shrui %{p}a, %{p}k3 : i16", f"%{p}b = arith.andi %{p}b0, %{p}kmag : i16",
-        f"%{p}c = arith.ori %{p}b, %{p}sg : i16", f"%{p}f = arith.bitcast %{p}c : i16 to f16",
+        f"%{p}a = arith.muli %{p}q, %{p}m : i16",
+        f"%{p}b = arith.shrsi %{p}a, %{p}k3 : i16", f"%{p}c = arith.andi %{p}b, %{p}kbits : i16",
+        f"%{p}f = arith.bitcast %{p}c : i16 to f16",
         f"{out} = arith.extf %{p}f : f16 to f32",
     ]
 
@@ -91,19 +92,17 @@ def f16_nibble_value_lines(byte_i8: str, half_index: str, out: str, p: str = "fh
 def scale_lines(s_i8: str, out: str, p: str = "sc") -> list[str]:
     """f32 value of the e8m0 byte ``s_i8`` (i8), exactly, including 0 (2^-127) and 255 (NaN).
 
-    Branch-free integer ops: ``b << 23`` is right for 1..254; for b = 0 and 255 (the only bytes with
-    ``(b + 1) & 0xFE == 0``) bit 22 is or-ed in, giving 2^-127 (the subnormal 0x00400000) and the quiet
-    NaN 0x7FC00000. (Compare + select was lowered to branches around constant loads in the matvec loop.)
+    Branch-free, four ops: ``u = bits(b << 23 | 1 << 22)`` is ``1.5 * 2^(b-127)`` for 1..254, the
+    subnormal 2^-127 for 0 and a quiet NaN for 255; ``v = bits(b << 23)`` is ``2^(b-127)``, 0 and inf.
+    ``fma(v, -0.5, u) = u - v/2`` is then exactly ``2^(b-127)``, ``2^-127`` and NaN. (Compare + select was
+    lowered to branches around constant loads in the matvec loop.)
     """
     return [
         f"%{p}q = arith.extui {s_i8} : i8 to i32", f"%{p}k23 = arith.constant 23 : i32",
-        f"%{p}k1 = arith.constant 1 : i32", f"%{p}k254 = arith.constant 254 : i32",
-        f"%{p}k31 = arith.constant 31 : i32", f"%{p}kbit = arith.constant 4194304 : i32",
-        f"%{p}b = arith.shli %{p}q, %{p}k23 : i32",
-        f"%{p}t = arith.addi %{p}q, %{p}k1 : i32", f"%{p}t2 = arith.andi %{p}t, %{p}k254 : i32",
-        f"%{p}t3 = arith.subi %{p}t2, %{p}k1 : i32", f"%{p}t4 = arith.shrsi %{p}t3, %{p}k31 : i32",
-        f"%{p}t5 = arith.andi %{p}t4, %{p}kbit : i32", f"%{p}b2 = arith.ori %{p}b, %{p}t5 : i32",
-        f"{out} = arith.bitcast %{p}b2 : i32 to f32",
+        f"%{p}kbit = arith.constant 4194304 : i32", f"%{p}kh = arith.constant -0.5 : f32",
+        f"%{p}b = arith.shli %{p}q, %{p}k23 : i32", f"%{p}b2 = arith.ori %{p}b, %{p}kbit : i32",
+        f"%{p}v = arith.bitcast %{p}b : i32 to f32", f"%{p}u = arith.bitcast %{p}b2 : i32 to f32",
+        f"{out} = math.fma %{p}v, %{p}kh, %{p}u : f32",
     ]
 
 
