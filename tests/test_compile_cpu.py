@@ -9,6 +9,7 @@ sum in a different order rounds the other way), the bound is 1e-2.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -236,6 +237,20 @@ def test_block_matvec_signmag_decode_variant(monkeypatch):
     moe = MoE.random(TINY, seed=10)
     cm = mxmoe.compile(moe, target="cpu")
     check_tokens(cm, moe, tokens=(1, 7))
+
+
+def test_contraction_reading_input_type_rows_variant(monkeypatch):
+    """``MATMUL_F32_ROWS = False``: the decode-once contraction reads rows gathered in the activations' own
+    type (a second gather) and converts in its loop, the form before it shared the matvec's f32 rows."""
+    from mxmoe.compiler.passes.lowering import cpu_grouped
+
+    monkeypatch.setattr(cpu_grouped, "MATMUL_F32_ROWS", False)
+    moe = MoE.random(TINY, seed=12)
+    cm = mxmoe.compile(moe, target="cpu")
+    contraction_rows = re.findall(r'"reduction", "reduction"\]\} ins\([^)]*: tensor<\?x\d+x32x(\w+)>, tensor<\d+x\d+x32xf32>\)',
+                                  cm.mlir)
+    assert contraction_rows and set(contraction_rows) == {"bf16"}, contraction_rows
+    check_tokens(cm, moe, tokens=(5, 333))
 
 
 def test_every_code_and_extreme_scales_through_the_matvec():

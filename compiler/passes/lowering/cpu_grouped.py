@@ -8,7 +8,8 @@ rows are grouped by expert so that each used expert's weights are read once:
    ``order[p]`` its inverse, ``counts[e]`` / ``offsets[e]`` per expert and the list of used experts.
    These are O(slots^2) and O(slots x E) integer compares: microseconds at 1 token, about a millisecond
    at 2048 slots; never any weight traffic.
-2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies).
+2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies), as f32
+   rows read by both kernels below (``MATVEC_F32_ROWS``, ``MATMUL_F32_ROWS``).
 3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
    routing picked, so an expert no token chose costs nothing; each used expert has one packed i64,
    ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots all of them are read back before
@@ -88,6 +89,8 @@ BLOCK_VECTOR_TILE = (2, 16)
 BLOCK_DECODE = "f16"
 #: the matvec reads activations gathered as f32 rows (one conversion per activation, not one per output row)
 MATVEC_F32_ROWS = True
+#: the decode-once contraction reads the same f32 rows (with the integer decode), so no bf16 copy is gathered
+MATMUL_F32_ROWS = True
 
 
 def _matvec_config(n: int) -> str:
@@ -339,14 +342,18 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     S = b.v(f"arith.muli {T}, {ck} : index", "S")
     ids_flat = b.v(f"tensor.collapse_shape %ids [[0, 1]] : {tt([None, k], 'i32')} into {tt([None], 'i32')}", "idf")
     srt = _sort_slots(b, ids_flat, S, e)
-    # activations in expert order (natural order for the lane matvec; storage order for scaling_extf)
-    xs = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False)
+    # Activations in expert order: f32 rows for the matvec (it reads each activation once per output row)
+    # and, with the integer decode, for the contraction too; storage order for scaling_extf's contraction;
+    # rows in the input type only where a kernel still reads them (f32 inputs: the same rows for all).
+    rows_f32 = xel != "f32" and MATVEC_F32_ROWS
+    mm_f32 = rows_f32 and MATMUL_F32_ROWS and DECODE_FOR_MATMUL == "int"
+    xs_f32 = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False, f32=True) if rows_f32 else None
+    need_plain = not rows_f32 or (DECODE_FOR_MATMUL == "int" and not mm_f32)
+    xs = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False) if need_plain else None
     xs_dec = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=True) \
-        if DECODE_FOR_MATMUL == "scaling_extf" else xs
-    # the matvec reads each activation once per output row: f32 rows spare it a conversion per read
-    xs_mv = _gather_rows(b, x, xt, srt["order"], k, kk, S, storage_order=False, f32=True) \
-        if MATVEC_F32_ROWS and xel != "f32" else xs
-    mvel = "f32" if MATVEC_F32_ROWS else xel
+        if DECODE_FOR_MATMUL == "scaling_extf" else None
+    mv_rows = (xs_f32, "f32") if rows_f32 else (xs, xel)
+    mm_rows = (xs_dec, xel) if xs_dec is not None else (xs_f32, "f32") if mm_f32 else (xs, xel)
     nu32 = b.v(f"tensor.extract {srt['nused']}[] : {tt([], 'i32')}", "nu")
     nu = b.v(f"arith.index_cast {nu32} : i32 to index", "nu")
     ys0 = empty(b, [None, n], "f32", [S])
@@ -372,11 +379,12 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         else:
             eid = load("used", ui, "e")
             off, cnt = load("offsets", eid, "o"), load("counts", eid, "n")
-        xe = lb.v(f"tensor.extract_slice {xs}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xe")
-        xe_mv = xe if xs_mv == xs else lb.v(
-            f"tensor.extract_slice {xs_mv}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], mvel)} to {tt([None, kk], mvel)}", "xm")
-        xe_dec = xe if xs_dec == xs else lb.v(
-            f"tensor.extract_slice {xs_dec}[{off}, 0] [{cnt}, {kk}] [1, 1] : {tt([None, kk], xel)} to {tt([None, kk], xel)}", "xd")
+        def rows(src: tuple[str, str], prefix: str) -> tuple[str, str]:
+            t = tt([None, kk], src[1])
+            return lb.v(f"tensor.extract_slice {src[0]}[{off}, 0] [{cnt}, {kk}] [1, 1] : {t} to {t}", prefix), src[1]
+
+        xe_mv = rows(mv_rows, "xm")
+        xe_mm = xe_mv if mm_rows == mv_rows else rows(mm_rows, "xd")
         we = lb.v(f"tensor.extract_slice %w[{eid}, 0, 0] [1, {n}, {kk // 2}] [1, 1, 1] : {tt([e, n, kk // 2], 'i8')} to "
                   f"{tt([n, kk // 2], 'i8')}", "we")
         se = lb.v(f"tensor.extract_slice %s[{eid}, 0, 0] [1, {n}, {kk // 32}] [1, 1, 1] : {tt([e, n, kk // 32], 'i8')} to "
@@ -392,9 +400,9 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
             init = filled(lb, [None, n], "f32", [cnt], "0.0")
         small = lb.v(f"arith.cmpi ule, {cnt}, {lb.const(SMALL_ROWS, 'index')} : index", "small")
         ye = scf_if(lb, small, ys_t,
-                    lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, xe_mv, mvel, we, se, init, cnt, n, kk)} : "
+                    lambda tb: tb.v(f"flow.tensor.tie_shape {_lane_matvec(tb, *xe_mv, we, se, init, cnt, n, kk)} : "
                                     f"{ys_t}{{{cnt}}}", "r"),
-                    lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, xe_dec, xel, we, se, init, cnt, n, kk)} : "
+                    lambda eb: eb.v(f"flow.tensor.tie_shape {_decoded_matmul(eb, *xe_mm, we, se, init, cnt, n, kk)} : "
                                     f"{ys_t}{{{cnt}}}", "r"), "ye")
         ye = lb.v(f"flow.tensor.tie_shape {ye} : {ys_t}{{{cnt}}}", "ye")
         ins = lb.v(f"tensor.insert_slice {ye} into {acc}[{off}, 0] [{cnt}, {n}] [1, 1] : {ys_t} into {ys_t}", "ins")
