@@ -9,6 +9,7 @@ sum in a different order rounds the other way), the bound is 1e-2.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import numpy as np
@@ -180,6 +181,27 @@ def test_gpt_oss_20b_shapes():
     cm = mxmoe.compile(moe, target="cpu")
     errs = check_tokens(cm, moe, tokens=(1, 8))
     print(f"gpt-oss-20b relative errors at T=1, 8: {['%.1e' % e for e in errs]}")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known: IREE local-task retains ~100-250 MB per call when experts take the "
+                   "decode-once contraction at gpt-oss-20b size (docs/cpu.md, 'Known issue'); passes once fixed")
+def test_gpt_oss_20b_decode_once_path_does_not_grow_memory():
+    moe = MoE.random(PRESETS["gpt-oss-20b"], seed=0)
+    cm = mxmoe.compile(moe, target="cpu")
+    x = torch.randn(256, moe.config.hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    for _ in range(2):
+        cm(x)
+    before = _rss_bytes()
+    for _ in range(6):
+        cm(x)
+    grown = _rss_bytes() - before
+    assert grown < 64 * 2**20, f"RSS grew by {grown / 2**20:.0f} MiB over 6 calls at 256 tokens"
 
 
 def test_scaling_extf_decode_variant(monkeypatch):
