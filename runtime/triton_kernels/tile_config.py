@@ -100,7 +100,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -
     elif name == "mid":
         # K=64 / 4 stages: 10-14% faster than K=128 / 3 stages at 512 tokens; TMA weight tiles another
         # 3-6% (in prefill they were 1-4% slower, so prefill keeps plain loads); 8 warps on both GEMMs
-        # another 11-12% (4 warps on the w13 GEMM alone: half of that).
+        # another 11-12% (8 warps on the w13 GEMM alone: half of that).
         block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 8, 4, True
     elif name == "prefill":
         # K=64 / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens; with K=64,
