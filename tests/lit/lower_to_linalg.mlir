@@ -73,9 +73,12 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // 3. a host loop whose trip count is the number of distinct experts picked (not E)
 // CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
 // CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
-// up to 64 slots (T*k): every expert's entry read back before the loop (one wait); each iteration picks
-// its entry on the host (scf.index_switch over the E = 4 entries), so the host never waits between experts
-// CHECK: %[[FEW:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
+// up to 64 slots (T*k) and 32 tokens (so every expert takes the matvec): every expert's entry read back
+// before the loop (one wait); each iteration picks its entry on the host (scf.index_switch over the E = 4
+// entries), so the host never waits between experts
+// CHECK: %[[FS:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
+// CHECK: %[[FT:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
+// CHECK: %[[FEW:.+]] = arith.andi %[[FS]], %[[FT]] : i1
 // CHECK: %[[YS:.+]] = scf.if %[[FEW]] -> (tensor<?x64xf32>)
 // CHECK-COUNT-4: tensor.extract %[[INFO]][%{{.+}}] : tensor<4xi64>
 // CHECK: scf.for %[[UA:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args
@@ -84,13 +87,15 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: case 3 {
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
 // CHECK: tensor.insert_slice
-// more slots: one i64 read back per iteration (which also bounds the work queued at once)
+// otherwise each iteration reads the expert's id, then its offset and rows back (dependent reads: one
+// expert's work in flight at a time, which keeps local-task from holding on to memory)
 // CHECK: } else {
 // CHECK: %[[YSF:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
-// CHECK: %[[PK:.+]] = tensor.extract %[[INFO]][%[[U]]] : tensor<4xi64>
-// CHECK: arith.andi %[[PK]], %{{.+}} : i64
-// CHECK: arith.shrui %[[PK]], %{{.+}} : i64
-// CHECK: arith.shrui %[[PK]], %{{.+}} : i64
+// CHECK-NOT: tensor<4xi64>
+// CHECK: %[[UID:.+]] = tensor.extract %[[USED]][%[[U]]] : tensor<4xi32>
+// CHECK: %[[EI:.+]] = arith.index_cast %[[UID]] : i32 to index
+// CHECK: tensor.extract %[[OFFS]]#0[%[[EI]]] : tensor<4xi32>
+// CHECK: tensor.extract %[[COUNTS]][%[[EI]]] : tensor<4xi32>
 // the expert's rows and its weights are slices at a dynamic offset: no byte gather
 // CHECK: %[[XME:.+]] = tensor.extract_slice %[[XM]][%[[OFF:.+]], 0] [%[[CNT:.+]], 64] [1, 1] : tensor<?x64xf32> to tensor<?x64xf32>
 // CHECK: %[[WE:.+]] = tensor.extract_slice %[[GW]][%[[E:.+]], 0, 0] [1, 64, 32] [1, 1, 1] : tensor<4x64x32xi8> to tensor<64x32xi8>

@@ -12,9 +12,10 @@ rows are grouped by expert so that each used expert's weights are read once:
    rows read by both kernels below (``MATVEC_F32_ROWS``, ``MATMUL_F32_ROWS``).
 3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
    routing picked, so an expert no token chose costs nothing; each used expert has one packed i64,
-   ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots all of them are read back before
-   the loop and each iteration picks its own on the host, so the host never waits on the device between
-   experts; above, each iteration reads its entry back): the expert's weights are a
+   ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots and ``SMALL_ROWS`` tokens all
+   of them are read back before the loop and each iteration picks its own on the host, so the host never
+   waits on the device between experts; above, each iteration reads its id, offset and rows back, which
+   also keeps one expert's work in flight at a time): the expert's weights are a
    ``tensor.extract_slice`` of the parameter at a dynamic offset (no copy, no byte gather) and its rows
    a slice of ``xs``. Two kernels, picked per expert from its row count:
 
@@ -68,11 +69,13 @@ MATVEC_REDUCTION_TILE = (1, 1, 1)
 #: the blocks only, 32 f32 partial sums per output) or "lanes8" (the first version: 8 lanes, the block's
 #: 2 x 2 vectors as inner reduction loops)
 MATVEC_FORM = "block"
-#: above ``READBACK_ALL_SLOTS`` slots, "packed": the host loop reads each used expert's (id, offset, rows)
-#: back as one i64 (one device round trip per expert); "separate": three i32 reads at every slot count
-#: (the first version)
-LOOP_READBACK = "packed"
-#: at most this many slots (T*k): the used experts' packed entries are read back before the expert loop
+#: above ``READBACK_ALL_SLOTS`` slots, "separate": the host loop reads each used expert's id, then its
+#: offset and rows back (three dependent i32 reads, so an iteration starts once the previous one's work is
+#: done); "packed": one i64 per expert (more iterations in flight, a little faster, but IREE 3.13's
+#: local-task device then keeps 100-250 MB per call at gpt-oss size, without bound: docs/cpu.md)
+LOOP_READBACK = "separate"
+#: at most this many slots (T*k), and at most ``SMALL_ROWS`` tokens (so every expert takes the matvec):
+#: the used experts' packed entries are read back before the expert loop
 #: and the loop picks its entry on the host (no wait on the device between experts); above, one read back
 #: per iteration, which also bounds how much work (and how many decoded f32 experts) is queued at once
 READBACK_ALL_SLOTS = 64
@@ -411,8 +414,8 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     def loop_form(fb: Body, readback: str) -> str:
         """scf.for over the used experts. ``readback``: "all" reads every expert's packed (id, offset, rows)
         back before the loop (one wait) and each iteration picks its entry on the host, so the host never
-        waits on the device between experts; "packed" ("separate") reads one i64 (three i32) back per
-        iteration."""
+        waits on the device between experts; "packed" ("separate") reads one i64 (three dependent i32) back
+        per iteration."""
         if readback == "all":  # used experts come first in info: the first READBACK_ENTRIES of them
             packs = [fb.v(f"tensor.extract {srt['info']}[{fb.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
                      for u in range(min(e, READBACK_ENTRIES))]
@@ -440,9 +443,14 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
         return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
 
-    if READBACK_ALL_SLOTS and LOOP_READBACK == "packed":
-        few = b.v(f"arith.cmpi ule, {S}, {b.const(READBACK_ALL_SLOTS, 'index')} : index", "few")
-        ys = scf_if(b, few, ys_t, lambda tb: loop_form(tb, "all"), lambda eb: loop_form(eb, "packed"), "ys")
+    if READBACK_ALL_SLOTS:
+        # Only while no expert can have more than SMALL_ROWS rows (an expert gets at most one row per
+        # token): queueing every expert's work at once with the decode-once kernel's large transients is
+        # what makes local-task keep memory (docs/cpu.md).
+        few_slots = b.v(f"arith.cmpi ule, {S}, {b.const(READBACK_ALL_SLOTS, 'index')} : index", "few")
+        few_rows = b.v(f"arith.cmpi ule, {T}, {b.const(SMALL_ROWS, 'index')} : index", "few")
+        few = b.v(f"arith.andi {few_slots}, {few_rows} : i1", "few")
+        ys = scf_if(b, few, ys_t, lambda tb: loop_form(tb, "all"), lambda eb: loop_form(eb, LOOP_READBACK), "ys")
     else:
         ys = loop_form(b, LOOP_READBACK)
     ys = b.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
