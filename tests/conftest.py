@@ -1,4 +1,6 @@
-"""Shared pytest set-up: GPU tests skip on machines without CUDA."""
+"""Shared pytest set-up: GPU tests skip on machines without CUDA; the ``rss_bytes`` fixture."""
+
+import os
 
 import pytest
 
@@ -18,3 +20,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+def rss_bytes():
+    """This process's resident set size in bytes (Linux), as a function to call before and after."""
+    return _rss_bytes

@@ -9,7 +9,6 @@ sum in a different order rounds the other way), the bound is 1e-2.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 import numpy as np
@@ -183,13 +182,8 @@ def test_gpt_oss_20b_shapes():
     print(f"gpt-oss-20b relative errors at T=1, 8: {['%.1e' % e for e in errs]}")
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @pytest.mark.slow
-def test_gpt_oss_20b_decode_once_path_does_not_grow_memory():
+def test_gpt_oss_20b_decode_once_path_does_not_grow_memory(rss_bytes):
     """Repeated 256-token calls (experts take the decode-once kernel) keep RSS flat. With one packed read back
     per loop iteration, IREE 3.13's local-task device kept ~110 MB per call here (docs/cpu.md); the
     dependent three-read form keeps one expert's work in flight and nothing grows."""
@@ -198,10 +192,10 @@ def test_gpt_oss_20b_decode_once_path_does_not_grow_memory():
     x = torch.randn(256, moe.config.hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     for _ in range(2):
         cm(x)
-    before = _rss_bytes()
+    before = rss_bytes()
     for _ in range(6):
         cm(x)
-    grown = _rss_bytes() - before
+    grown = rss_bytes() - before
     assert grown < 64 * 2**20, f"RSS grew by {grown / 2**20:.0f} MiB over 6 calls at 256 tokens"
 
 

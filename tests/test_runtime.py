@@ -183,19 +183,14 @@ def test_concurrent_calls_from_threads(mod, layer):
         assert _err(out, refs[i]) < TOL
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def test_many_calls_do_not_grow_memory(mod, layer):
+def test_many_calls_do_not_grow_memory(mod, layer, rss_bytes):
     x = _x(256, 64, 7).float().numpy()  # each output is 32 KiB: a leak of outputs would show clearly
     for _ in range(100):
         mod(x)
-    before = _rss_bytes()
+    before = rss_bytes()
     for _ in range(600):
         out = mod(x)
-    grown = _rss_bytes() - before
+    grown = rss_bytes() - before
     assert grown < 6 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 600 calls"
     assert _err(out, layer(torch.from_numpy(x).to(torch.bfloat16))) < TOL
 
