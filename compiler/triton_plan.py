@@ -8,8 +8,8 @@ weights are parameter-backed ``util.global`` values. Around them only bridging o
 Any other op is an error that names it: the Triton path has no kernels for it, and it is never
 silently dropped.
 
-It produces the kernel plan: kernels with their specialization constants, per shape class (decode /
-mid / prefill, from ``runtime.triton_kernels.tile_config``) the tile configs, launch order and grids
+It produces the kernel plan: kernels with their specialization constants, per shape class (gemv /
+decode / mid / prefill / large, from ``runtime.triton_kernels.tile_config``) the tile configs, launch order and grids
 as expressions of the token count ``T``, the scratch buffers, and which util.global parameter feeds
 which kernel argument.
 """
@@ -24,9 +24,10 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
+from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import (SHAPE_CLASSES, class_config, fused_routing, is_few_tokens,
+from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_routing, is_few_tokens, shape_classes,
                                                       use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
@@ -271,7 +272,7 @@ def _weight_arg(name: str, glob: str | None) -> dict[str, Any]:
 
 def _config_dict(cfg) -> dict[str, int | bool]:
     return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
-            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "W_TMA": cfg.W_TMA}
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "W_TMA": cfg.W_TMA, "GROUP_M": cfg.GROUP_M}
 
 
 def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[list[int], str]]) -> dict[str, Any]:
@@ -372,10 +373,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     if layer.dtype != "float32":
         cast = add_kernel("cast", "cast", [
             _arg("src_ptr", "buffer", "accumulator"), _arg("dst_ptr", "buffer", "output"),
-            _arg("numel", "expr", expr=f"T * {H}", type="i64")], {"BLOCK": 1024}, 4, 1)
+            _arg("numel", "expr", expr=f"T * {H}", type="i64")], {"BLOCK": CAST_BLOCK}, 4, 1)
 
     classes = []
-    for cls_name, max_tokens in SHAPE_CLASSES:
+    for cls_name, max_tokens in shape_classes(E, k):
         c13 = class_config(cls_name, 2 * I, H, arch)
         c2 = class_config(cls_name, H, I, arch, gemm="combine")
         bm = c13.BLOCK_M
@@ -412,12 +413,12 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
-            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E),
+            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
-            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E),
+            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [
@@ -428,7 +429,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})"]},
         ]
         if cast is not None:
-            launches.append({"kernel": cast, "grid": [f"cdiv(T * {H}, 1024)"]})
+            launches.append({"kernel": cast, "grid": [f"cdiv(T * {H}, {CAST_BLOCK})"]})
         classes.append({"name": cls_name, "max_tokens": max_tokens, "vars": {"NB": nb, "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
                         "tiles": {"w13": _config_dict(c13), "w2": _config_dict(c2)}, "launches": launches})
 

@@ -1,4 +1,5 @@
-"""Shared pytest set-up: GPU tests skip on machines without CUDA; the ``rss_bytes`` fixture."""
+"""Shared pytest set-up: GPU tests skip on machines without CUDA; the ``rss_bytes`` and
+``near_tie_tokens`` fixtures."""
 
 import os
 
@@ -31,3 +32,21 @@ def _rss_bytes() -> int:
 def rss_bytes():
     """This process's resident set size in bytes (Linux), as a function to call before and after."""
     return _rss_bytes
+
+
+def _near_tie_tokens(logits, k: int):
+    """Tokens whose k-th and (k+1)-th logits are within 2 bf16 ulps: a 1-ulp difference in how the
+    router's dot product is summed may legitimately pick the other expert there."""
+    import torch
+
+    top = logits.float().topk(min(k + 1, logits.shape[1]), dim=-1).values
+    if top.shape[1] <= k:
+        return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    ulp = torch.exp2(torch.floor(torch.log2(top[:, k - 1].abs().clamp_min(1e-30))) - 7)
+    return (top[:, k - 1] - top[:, k]) <= 2 * ulp
+
+
+@pytest.fixture
+def near_tie_tokens():
+    """``near_tie_tokens(logits [T, E], k)`` -> bool [T]: tokens whose routing may legitimately differ."""
+    return _near_tie_tokens

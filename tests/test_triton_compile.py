@@ -21,16 +21,21 @@ def _cfg(E=8, k=2, H=64, I=96, **kw):
     return MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I, **kw)
 
 
-def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
+def _check(out: torch.Tensor, ref: torch.Tensor, skip: torch.Tensor | None = None) -> None:
     """bf16-level agreement: the reference rounds each op's result to the activation dtype, the
-    kernels keep fp32 until the GLU output and the final sum."""
+    kernels keep fp32 until the GLU output and the final sum. ``skip`` (bool per token): tokens at a
+    routing near-tie, which may legitimately pick another expert (at most 5% of them)."""
     assert out.shape == ref.shape and out.dtype == ref.dtype
-    out, ref = out.float(), ref.float()
+    out, ref = out.float().reshape(-1, out.shape[-1]), ref.float().reshape(-1, ref.shape[-1])
     assert torch.isfinite(out).all()
     scale = ref.abs().max().item()
     assert scale > 0.05, "reference output is degenerate"
     err = (out - ref).abs()
-    assert bool((err <= 0.02 * scale + 0.02 * ref.abs()).all()), f"max err {err.max().item():.4g} (scale {scale:.3g})"
+    bad = (err > 0.02 * scale + 0.02 * ref.abs()).any(dim=-1)
+    if skip is not None:
+        assert int(skip.sum()) <= max(1, out.shape[0] // 20), f"{int(skip.sum())} near-tie tokens"
+        bad &= ~skip.reshape(-1)
+    assert not bad.any(), f"max err {err[bad].max().item():.4g} (scale {scale:.3g}) at {int(bad.sum())} token(s)"
 
 
 def _x(T, H, dtype=torch.bfloat16, seed=0, shape=None):
@@ -78,15 +83,23 @@ def test_interpreted_module_matches_reference(name):
         _check(cm(x), layer(x))
 
 
-def test_prefill_class_and_batched_input():
-    """T > 1024 runs the prefill tiles (BLOCK_M=128); a [B, S, H] input comes back as [B, S, H]."""
-    cfg = _cfg(E=4, k=2, H=64, I=64)
+def test_prefill_class_and_batched_input(near_tie_tokens):
+    """T > 1024 runs the prefill tiles (BLOCK_M=128), T * k / E >= 512 the large ones (BLOCK_M=256, grouped
+    launch order); a [B, S, H] input comes back as [B, S, H]."""
+    cfg = _cfg(E=8, k=2, H=64, I=64)
     layer = MoE.random(cfg, seed=1)
     x3 = _x(2 * 3, 64, shape=(2, 3, 64))
     cm = mxmoe.compile(layer, target="cuda:sm_90", example_inputs=(x3,), interpret=True)
     _check(cm(x3), layer(x3))
+    # at ~1000+ tokens of a 64-wide router some tokens sit at exact bf16 ties of their 2nd and 3rd logit
+    def ties(x):
+        return near_tie_tokens(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias).reshape(
+            -1, cfg.num_experts), cfg.top_k)
+
     x = _x(1100, 64, seed=2).reshape(2, 550, 64)
-    _check(cm(x), layer(x))
+    _check(cm(x), layer(x), ties(x))
+    x = _x(2100, 64, seed=3)  # the "large" class: 256-row tiles in grouped launch order
+    _check(cm(x), layer(x), ties(x))
 
 
 def test_plan_is_plain_data_with_classes_and_parameter_bindings():
@@ -94,8 +107,11 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings():
     cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
-    assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "mid", "prefill"]
-    assert plan["classes"][-1]["max_tokens"] is None
+    assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "mid", "prefill", "large"]
+    # large from 512 rows per expert: T * k / E >= 512 with E = 8, k = 2
+    assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 1024, 2047, None]
+    large = plan["classes"][-1]["tiles"]
+    assert large["w13"]["BLOCK_M"] == large["w2"]["BLOCK_M"] == 256 and large["w13"]["GROUP_M"] == 4
     # every weight global feeds a kernel, and every parameter a kernel reads is a compiled parameter
     fed = {a["ref"] for k in plan["kernels"].values() for a in k["args"] if a["bind"] == "param"}
     assert fed == set(plan["parameters"]) == set(cm.parameters)

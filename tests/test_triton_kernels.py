@@ -20,6 +20,7 @@ HAS_CUDA = torch.cuda.is_available()
 # interpreted twin of each kernel for CPU tensors (no TRITON_INTERPRET needed in this process).
 from mxmoe.runtime.triton_kernels import (  # noqa: E402
     COL_MAJOR, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
+from mxmoe.runtime.triton_kernels.tile_config import shape_classes  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -169,28 +170,52 @@ def test_layout_round_trip(layout):
 
 @pytest.mark.parametrize("arch", [90, 100])
 def test_choose_config_classes(arch):
-    decode = choose_config(1, 4, 5760, 2880, arch)
-    prefill = choose_config(4096, 4, 5760, 2880, arch)
+    def cfg(T, N, K, gemm="glu", k=4, E=32):
+        return choose_config(T, k, N, K, arch, gemm, num_experts=E)
+
+    decode = cfg(1, 5760, 2880)
+    prefill = cfg(2048, 5760, 2880)
     assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
-    assert choose_config(4, 4, 5760, 2880, arch).BLOCK_N < choose_config(5, 4, 5760, 2880, arch).BLOCK_N
-    for T in (1, 4, 5, 64, 65, 1024, 4096):  # both GEMMs of one forward must share BLOCK_M
-        glu, combine = choose_config(T, 4, 5760, 2880, arch), choose_config(T, 4, 2880, 2880, arch, gemm="combine")
-        assert glu.BLOCK_M == combine.BLOCK_M
+    assert cfg(4, 5760, 2880).BLOCK_N < cfg(5, 5760, 2880).BLOCK_N
+    for T in (1, 4, 5, 64, 65, 1024, 2048, 4096, 16384):  # both GEMMs of one forward must share BLOCK_M
+        assert cfg(T, 5760, 2880).BLOCK_M == cfg(T, 2880, 2880, "combine").BLOCK_M
     if arch == 90:  # prefill's warp count is per GEMM (measured on the H100, docs/nvidia.md)
-        assert choose_config(4096, 4, 5760, 2880, arch, gemm="glu").num_warps == 8
-        assert choose_config(4096, 4, 2880, 2880, arch, gemm="combine").num_warps == 4
+        assert cfg(2048, 5760, 2880, "glu").num_warps == 8
+        assert cfg(2048, 2880, 2880, "combine").num_warps == 4
+    # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512
+    assert cfg(4095, 5760, 2880).BLOCK_M == 128 and cfg(4095, 5760, 2880).GROUP_M == 0
+    large = cfg(4096, 5760, 2880)
+    assert (large.BLOCK_M, large.GROUP_M) == (256, 4)
+    assert cfg(4096, 5760, 2880, E=128).BLOCK_M == 128 and cfg(16384, 5760, 2880, E=128).BLOCK_M == 256
     with pytest.raises(ValueError, match="gemm"):
-        choose_config(4096, 4, 2880, 2880, arch, gemm="w2")
-    assert choose_config(1, 2, 64, 96, arch).BLOCK_N == 32
-    assert choose_config(2000, 2, 64, 96, arch).BLOCK_N == 64  # clamped to the (tiny) N
+        cfg(4096, 2880, 2880, "w2")
+    assert choose_config(1, 2, 64, 96, arch, num_experts=8).BLOCK_N == 32
+    assert choose_config(2000, 2, 64, 96, arch, num_experts=8).BLOCK_N == 64  # clamped to the (tiny) N
     with pytest.raises(ValueError):
         TileConfig(24, 64, 128, 4, 3)
+    with pytest.raises(ValueError, match="GROUP_M"):
+        TileConfig(16, 64, 128, 4, 3, GROUP_M=-1)
+
+
+def test_shape_classes_follow_rows_per_expert():
+    gpt_oss_20b, gpt_oss_120b, tiny = shape_classes(32, 4), shape_classes(128, 4), shape_classes(4, 2)
+    assert gpt_oss_20b[-2:] == (("prefill", 4095), ("large", None))
+    assert gpt_oss_120b[-2:] == (("prefill", 16383), ("large", None))
+    # 512 rows per expert are reached by 1024 tokens: no prefill class between mid and large
+    assert [name for name, _ in tiny] == ["gemv", "decode", "mid", "large"]
+    bounds = [limit for _, limit in gpt_oss_20b[:-1]]
+    assert bounds == sorted(bounds)
+    with pytest.raises(ValueError, match="num_experts"):
+        shape_classes(0, 4)
 
 
 # ---------------------------------------------------------------- the whole forward
 
 PREFILL = TileConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)
 TMA = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W_TMA=True)
+#: grouped launch order; 3 does not divide the number of row blocks, so the last group is partial
+GROUPED = TileConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2, GROUP_M=3)
+GROUPED_TMA = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W_TMA=True, GROUP_M=2)
 
 FORWARD_CASES = {
     # name: (T, E, k, H, I, options)
@@ -207,6 +232,9 @@ FORWARD_CASES = {
     # the next expert, masked), neither K (160, 96) of BLOCK_K = 64 (the last tile reads zero codes).
     "t7_tma": (7, 8, 4, 160, 96, dict(config=TMA)),
     "t7_tma_concat_falls_back": (7, 8, 2, 96, 160, dict(config=TMA, interleaved=False)),
+    "t40_grouped_launch_order": (40, 8, 2, 96, 96, dict(config=GROUPED)),
+    "t40_grouped_launch_order_tma": (40, 8, 2, 96, 160, dict(config=GROUPED_TMA)),
+    "t40_grouped_launch_order_colmajor": (40, 8, 4, 64, 96, dict(config=GROUPED, layout=COL_MAJOR)),
 }
 
 
@@ -267,7 +295,7 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR], ids=lambda lt: lt.name)
-@pytest.mark.parametrize("T", [1, 64, 1024])
+@pytest.mark.parametrize("T", [1, 64, 1024, 4096])
 def test_gpu_medium_shape(T, layout):
     x, logits, weights = make_layer(T, 32, 512, 768, seed=T)
     run_and_compare(x, logits, weights, top_k=4, layout=layout)

@@ -48,9 +48,28 @@ def _scale_tile(s_ptr, expert, cols, col_mask, k0,
 
 
 @triton.jit
-def _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
-    """(expert, sorted rows, row mask) of this program's block; expert < 0 means nothing to do."""
-    block = tl.program_id(0)
+def _tile_coords(GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program on the (row blocks, column tiles) grid.
+
+    The hardware starts programs in grid order, so this order decides what the programs in flight
+    share in L2. GROUP_M = 0: row blocks vary fastest (programs in flight share one weight tile and
+    each reads its own activation rows; activation rows are then re-read from DRAM once per column
+    tile). GROUP_M > 0: programs walk GROUP_M row blocks across every column tile before moving on,
+    so a row block's activations are read from DRAM about once and a weight tile about once per group.
+    """
+    if GROUP_M == 0:
+        return tl.program_id(0), tl.program_id(1)
+    num_blocks = tl.num_programs(0)
+    per_group = GROUP_M * tl.num_programs(1)
+    pid = tl.program_id(1) * num_blocks + tl.program_id(0)
+    first = (pid // per_group) * GROUP_M
+    size = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
+    """(expert, sorted rows, row mask) of row block ``block``; expert < 0 means nothing to do."""
     expert = tl.load(block_expert_ptr + block)
     rows = tl.load(block_start_ptr + block) + tl.arange(0, BLOCK_M)
     row_end = tl.load(expert_offsets_ptr + tl.maximum(expert, 0) + 1)
@@ -64,7 +83,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr,
                     ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr):
+                    W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
@@ -73,12 +92,13 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
     gate/up rows, so that a tile's w13 rows are consecutive).
     """
-    expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    block, pid_n = _tile_coords(GROUP_M)
+    expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
         return
     tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K
     c = tl.arange(0, BLOCK_N)
-    act_col = tl.program_id(1) * (BLOCK_N // 2) + c // 2
+    act_col = pid_n * (BLOCK_N // 2) + c // 2
     if INTERLEAVED:
         cols = 2 * act_col + c % 2
     else:
@@ -100,7 +120,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
         if W_TMA:
-            w = desc.load([expert * (2 * INTERMEDIATE) + tl.program_id(1) * BLOCK_N, k0 // 2]).T
+            w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2]).T
         else:
             w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
@@ -115,7 +135,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     else:
         act = up * gate * tl.sigmoid(gate)
 
-    out_col = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    out_col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     tl.store(act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE + out_col[None, :],
              act.to(act_ptr.dtype.element_ty),
              mask=row_mask[:, None] & (out_col[None, :] < INTERMEDIATE))
@@ -127,17 +147,18 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr):
+                        W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
     scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
     through a TMA descriptor (K-contiguous values only).
     """
-    expert, rows, row_mask = _block_rows(block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    block, pid_n = _tile_coords(GROUP_M)
+    expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
         return
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < HIDDEN
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
@@ -152,7 +173,7 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
         if W_TMA:
-            w = desc.load([expert * HIDDEN + tl.program_id(1) * BLOCK_N, k0 // 2]).T
+            w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2]).T
         else:
             w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
         acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)

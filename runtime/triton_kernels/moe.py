@@ -48,8 +48,9 @@ def plan_moe_forward(x, logits, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias,
     num_experts = logits.shape[1]
     intermediate = layout.logical_shape(w13)[1] // 2
     arch = device_arch(x.device) if arch is None else arch
-    cfg13 = config or choose_config(num_tokens, top_k, 2 * intermediate, hidden, arch)
-    cfg2 = config or choose_config(num_tokens, top_k, hidden, intermediate, arch, gemm="combine")
+    cfg13 = config or choose_config(num_tokens, top_k, 2 * intermediate, hidden, arch, num_experts=num_experts)
+    cfg2 = config or choose_config(num_tokens, top_k, hidden, intermediate, arch, gemm="combine",
+                                   num_experts=num_experts)
 
     route, routing_weights, ids = plan_routing(logits, top_k, routing, renormalize)
     group, groups = plan_grouping(ids, num_experts, cfg13.BLOCK_M)

@@ -25,12 +25,18 @@ class TileConfig:
     #: load weight tiles through TMA descriptors where the layout allows (K-contiguous values, and for
     #: w13 interleaved gate/up rows); otherwise plain loads
     W_TMA: bool = False
+    #: launch order of the (row block, column tile) programs: 0 = row blocks fastest (programs in flight
+    #: share a weight tile); G > 0 = G row blocks across all column tiles at a time (programs in flight
+    #: share activation rows), see ``_gemm_kernels._tile_coords``
+    GROUP_M: int = 0
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+        if self.GROUP_M < 0:
+            raise ValueError(f"TileConfig.GROUP_M must be >= 0, got {self.GROUP_M}")
         if self.BLOCK_K < 64:
             raise ValueError("TileConfig.BLOCK_K must be >= 64 (two MXFP4 scale groups per packed row)")
 
@@ -43,10 +49,27 @@ def _pow2_at_least(n: int) -> int:
 #: 32-128 experts): the weight stream is everything, and narrow tiles spread it over the most CTAs.
 GEMV_MAX_TOKENS = 4
 
-#: Shape classes by token count, in order: (name, largest token count of the class or None).
-#: A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
-SHAPE_CLASSES: tuple[tuple[str, int | None], ...] = (
-    ("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("mid", 1024), ("prefill", None))
+#: Largest token count of the "mid" class.
+MID_MAX_TOKENS = 1024
+
+#: From this many (token, slot) rows per expert on average (T * k / E) the "large" class runs: 256-row
+#: tiles halve the weight upcasts per FLOP, and its launch order keeps the activation rows, which no
+#: longer fit in L2, read about once (on the H100 at gpt-oss-20b's 16384 tokens: -20%; at 128 rows per
+#: expert the half-empty 256-row tiles were 13-30% slower).
+LARGE_ROWS_PER_EXPERT = 512
+
+
+def shape_classes(num_experts: int, top_k: int) -> tuple[tuple[str, int | None], ...]:
+    """A layer's shape classes by token count, in order: (name, largest token count of the class or
+    None). A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
+    Where "large" starts depends on the layer (rows per expert), so a class whose range is empty is left out."""
+    if num_experts < 1 or top_k < 1:
+        raise ValueError(f"need num_experts >= 1 and top_k >= 1, got {num_experts} and {top_k}")
+    large_from = max(MID_MAX_TOKENS + 1, -(-LARGE_ROWS_PER_EXPERT * num_experts // top_k))
+    classes = [("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("mid", MID_MAX_TOKENS)]
+    if large_from - 1 > MID_MAX_TOKENS:
+        classes.append(("prefill", large_from - 1))
+    return (*classes, ("large", None))
 
 
 def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True) -> bool:
@@ -69,9 +92,9 @@ def is_few_tokens(max_tokens: int | None) -> bool:
     return max_tokens is not None and max_tokens <= DECODE_MAX_TOKENS
 
 
-def shape_class(num_tokens: int) -> str:
-    """Name of the class a token count falls in (see :data:`SHAPE_CLASSES`)."""
-    for name, limit in SHAPE_CLASSES:
+def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
+    """Name of the class a token count falls in (see :func:`shape_classes`)."""
+    for name, limit in shape_classes(num_experts, top_k):
         if limit is None or num_tokens <= limit:
             return name
     raise AssertionError("unreachable: the last class is unbounded")
@@ -88,7 +111,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -
         raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
-    tma = False
+    tma, group_m = False, 0
     if name == "gemv":
         # About one row per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
         # small CTAs (narrow N, 2 warps) and issue long K loads.
@@ -104,29 +127,33 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -
         block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 8, 4, True
     elif name == "prefill":
         # K=64 / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens; with K=64,
-        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM.
+        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM. Here the
+        # activation rows still fit in L2, and grouped launch order (GROUP_M=8) was 11-14% slower.
         block_m, block_n, block_k, warps, stages = 128, 128, 64, 8 if gemm == "glu" else 4, 4
+    elif name == "large":
+        # 256 rows (two warpgroups of 128) and grouped launch order: see LARGE_ROWS_PER_EXPERT.
+        # Alone, the 256-row tile gave 2-8% and GROUP_M=8 at 128 rows 1-2%; together 19-22%. GROUP_M=4
+        # another 1-3.5% over 8 (16: no better); 3 stages or BLOCK_K=128: no better / 8-9% slower.
+        block_m, block_n, block_k, warps, stages, group_m = 256, 128, 64, 8, 4, 4
     else:
-        raise ValueError(f"unknown shape class {name!r} (known: {', '.join(n for n, _ in SHAPE_CLASSES)})")
-    if arch >= 100 and name not in ("gemv", "decode"):
+        raise ValueError(f"unknown shape class {name!r} (known: gemv, decode, mid, prefill, large)")
+    if arch >= 100 and name in ("mid", "prefill"):
         # Blackwell's native MXFP4 MMA likes wide N tiles; the operands stay within shared memory.
-        # (Compile-only here: no Blackwell GPU has run these.)
+        # (Compile-only here: no Blackwell GPU has run these. "large" keeps 128-wide N: its 256 x 256
+        # fp32 accumulator would fill all of tensor memory.)
         block_n = 256 if N >= 256 else block_n
         warps = max(warps, 8)
     # Don't tile far past tiny problems (tests, small models).
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
-    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma)
+    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m)
 
 
-def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu") -> TileConfig:
-    """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class.
-
-    ``top_k`` is accepted for the signature's sake; the class boundary is on tokens because with
-    E >> k each expert sees ~T*k/E rows.
-    """
-    del top_k  # see docstring
-    return class_config(shape_class(num_tokens), N, K, arch, gemm)
+def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu", *,
+                  num_experts: int) -> TileConfig:
+    """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class
+    (the class bounds depend on the rows per expert, hence ``top_k`` and ``num_experts``)."""
+    return class_config(shape_class(num_tokens, num_experts, top_k), N, K, arch, gemm)
 
 
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:
