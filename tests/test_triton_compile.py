@@ -45,8 +45,9 @@ def _x(T, H, dtype=torch.bfloat16, seed=0, shape=None):
 
 # name: (config, dtype, token counts, router-bias tweak)
 CASES = {
-    # gpt-oss semantics; T=70 is the "mid" tile class (BLOCK_M=64), the rest decode
-    "gpt_oss_k2": (_cfg(), torch.bfloat16, [1, 5, 70], None),
+    # gpt-oss semantics; T=70 is the "sparse" tile class (BLOCK_M=32), T=200 "mid" (BLOCK_M=64), the rest
+    # gemv and decode
+    "gpt_oss_k2": (_cfg(), torch.bfloat16, [1, 5, 70, 200], None),
     # K not a multiple of the tile (H=96 < BLOCK_K=128, I=160 < 256), top_k=4, no biases,
     # renormalised softmax-then-top-k, plain SiLU-GLU, gate/up concatenated
     "k4_silu_concat_nobias": (_cfg(H=96, I=160, k=4, routing="softmax_topk", renormalize=True, activation="silu",
@@ -69,7 +70,7 @@ def _layer(cfg, dtype, tweak):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreted_module_matches_reference(name):
+def test_interpreted_module_matches_reference(name, near_tie_tokens):
     cfg, dtype, tokens, tweak = CASES[name]
     layer = _layer(cfg, dtype, tweak)
     cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
@@ -80,7 +81,8 @@ def test_interpreted_module_matches_reference(name):
             ids = torch.ops.mxmoe.route(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias),
                                         cfg.top_k, cfg.routing, cfg.renormalize)[1]
             assert bool((ids[:, 0] == 5).all())
-        _check(cm(x), layer(x))
+        logits = torch.nn.functional.linear(x, layer.router_weight, layer.router_bias)
+        _check(cm(x), layer(x), near_tie_tokens(logits, cfg.top_k))
 
 
 def test_prefill_class_and_batched_input(near_tie_tokens):
@@ -107,9 +109,11 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings():
     cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
-    assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "mid", "prefill", "large"]
-    # large from 512 rows per expert: T * k / E >= 512 with E = 8, k = 2
-    assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 1024, 2047, None]
+    assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "sparse", "mid", "prefill", "large"]
+    # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2
+    assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 128, 1024, 2047, None]
+    sparse = plan["classes"][2]["tiles"]
+    assert sparse["w13"]["BLOCK_M"] == sparse["w2"]["BLOCK_M"] == 32 and sparse["w13"]["W_TMA"]
     large = plan["classes"][-1]["tiles"]
     assert large["w13"]["BLOCK_M"] == large["w2"]["BLOCK_M"] == 256 and large["w13"]["GROUP_M"] == 4
     # every weight global feeds a kernel, and every parameter a kernel reads is a compiled parameter
@@ -124,7 +128,7 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings():
         assert kernels == ["router_gemm", *grouping, "glu_gemm", "combine_gemm", "cast"]
     assert [plan["kernels"][lc["kernel"]]["constexprs"].get("W_TMA") for lc in plan["classes"][1]["launches"]
             if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm") and "W_TMA" in plan["kernels"][lc["kernel"]]["constexprs"]] == [True, True]
-    prefill = plan["classes"][3]
+    prefill = plan["classes"][4]
     kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
     assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
                        "glu_gemm", "combine_gemm", "cast"]

@@ -177,13 +177,15 @@ def test_choose_config_classes(arch):
     prefill = cfg(2048, 5760, 2880)
     assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
     assert cfg(4, 5760, 2880).BLOCK_N < cfg(5, 5760, 2880).BLOCK_N
-    for T in (1, 4, 5, 64, 65, 1024, 2048, 4096, 16384):  # both GEMMs of one forward must share BLOCK_M
+    for T in (1, 4, 5, 64, 65, 256, 257, 1024, 2048, 4096, 16384):  # both GEMMs of one forward must share BLOCK_M
         assert cfg(T, 5760, 2880).BLOCK_M == cfg(T, 2880, 2880, "combine").BLOCK_M
     if arch == 90:  # prefill's warp count is per GEMM (measured on the H100, docs/nvidia.md)
         assert cfg(2048, 5760, 2880, "glu").num_warps == 8
         assert cfg(2048, 2880, 2880, "combine").num_warps == 4
     # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512
     assert cfg(4095, 5760, 2880).BLOCK_M == 128 and cfg(4095, 5760, 2880).GROUP_M == 0
+    assert cfg(256, 5760, 2880).BLOCK_M == 32 and cfg(257, 5760, 2880).BLOCK_M == 64
+    assert cfg(1024, 5760, 2880, E=128).BLOCK_M == 32
     large = cfg(4096, 5760, 2880)
     assert (large.BLOCK_M, large.GROUP_M) == (256, 4)
     assert cfg(4096, 5760, 2880, E=128).BLOCK_M == 128 and cfg(16384, 5760, 2880, E=128).BLOCK_M == 256
@@ -201,8 +203,13 @@ def test_shape_classes_follow_rows_per_expert():
     gpt_oss_20b, gpt_oss_120b, tiny = shape_classes(32, 4), shape_classes(128, 4), shape_classes(4, 2)
     assert gpt_oss_20b[-2:] == (("prefill", 4095), ("large", None))
     assert gpt_oss_120b[-2:] == (("prefill", 16383), ("large", None))
-    # 512 rows per expert are reached by 1024 tokens: no prefill class between mid and large
+    # 512 rows per expert are reached by 1024 tokens: no prefill class between mid and large; 32 rows by 64
+    # tokens: no sparse class either
     assert [name for name, _ in tiny] == ["gemv", "decode", "mid", "large"]
+    # sparse (32-row tiles) after decode up to 32 rows per expert: 256 tokens for 20b, 1024 (all of mid) for 120b
+    assert gpt_oss_20b[2:4] == (("sparse", 256), ("mid", 1024))
+    assert [name for name, _ in gpt_oss_120b] == ["gemv", "decode", "sparse", "prefill", "large"]
+    assert gpt_oss_120b[2] == ("sparse", 1024)
     bounds = [limit for _, limit in gpt_oss_20b[:-1]]
     assert bounds == sorted(bounds)
     with pytest.raises(ValueError, match="num_experts"):
