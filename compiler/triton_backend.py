@@ -16,7 +16,7 @@ import numpy as np
 from iree.compiler import ir
 
 from mxmoe.compiler.targets import Target
-from mxmoe.compiler.triton_plan import plan_triton
+from mxmoe.compiler.triton_plan import fit_scale_range, plan_triton
 
 
 def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], target: Target, *,
@@ -33,6 +33,7 @@ def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], targ
         if list(parameters[name].shape) != list(spec["shape"]):
             raise ValueError(f"weight '{name}': stored shape {list(parameters[name].shape)} differs from the "
                              f"plan's {spec['shape']}")
+    fit_scale_range(plan, parameters)
     timings["triton_plan_s"] = time.perf_counter() - t0
     binaries: dict[str, bytes] = {}
     if not interpret:

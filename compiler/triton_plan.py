@@ -24,6 +24,7 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
+from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
 from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
@@ -279,7 +280,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     """The kernel plan of ``layer`` for ``target`` (see ``mxmoe.runtime.triton_kernels.kernel_plan``)."""
     arch = int(target.arch.removeprefix("sm_"))
     E, k, H, I = layer.num_experts, layer.top_k, layer.hidden, layer.intermediate
-    k_contiguous = LAYOUTS[layer.layout].k_contiguous
+    k_contiguous, hopper = LAYOUTS[layer.layout].k_contiguous, LAYOUTS[layer.layout].hopper
     experts_pow2 = _pow2(E)
 
     params = {}
@@ -377,8 +378,8 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
 
     classes = []
     for cls_name, max_tokens in shape_classes(E, k):
-        c13 = class_config(cls_name, 2 * I, H, arch)
-        c2 = class_config(cls_name, H, I, arch, gemm="combine")
+        c13 = class_config(cls_name, 2 * I, H, arch, hopper=hopper)
+        c2 = class_config(cls_name, H, I, arch, gemm="combine", hopper=hopper)
         bm = c13.BLOCK_M
         # Upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one
         # partial block, and at most min(E, T*k) experts are non-empty.
@@ -413,12 +414,14 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
-            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M),
+            W_TMA=use_tma(c13, k_contiguous and not hopper, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
+            W_HOPPER=hopper, WIDE_SCALES=True),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
-            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M),
+            W_TMA=use_tma(c2, k_contiguous and not hopper), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
+            W_HOPPER=hopper, WIDE_SCALES=True),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [
@@ -450,6 +453,19 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     }
     validate(plan)
     return plan
+
+
+def fit_scale_range(plan: dict[str, Any], scales: dict[str, Any]) -> None:
+    """Let the Hopper decode multiply once per value pair (``WIDE_SCALES=False``) when every scale byte
+    of the layer is <= 128 (the factor 2^126 * 2^(s-127) is then a finite bf16); ``scales`` maps the
+    plan's scale globals to their stored arrays. A layer with a larger scale (weights past +-12) or a NaN
+    scale (255) keeps the two-multiply decode, which is exact for every scale. The executor refuses
+    weights that break the promise."""
+    names = [g for g, spec in plan["parameters"].items() if spec["role"] == "scales"]
+    wide = any(int(scales[g].max(initial=0)) > HOPPER_MAX_FAST_SCALE for g in names)
+    for entry in plan["kernels"].values():
+        if entry["constexprs"].get("W_HOPPER"):
+            entry["constexprs"]["WIDE_SCALES"] = wide
 
 
 def plan_triton(module: ir.Module, target: Target) -> dict[str, Any]:

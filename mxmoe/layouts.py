@@ -61,6 +61,105 @@ def _blocksplit(role: str, a: np.ndarray) -> np.ndarray:
     raise ValueError(f"layout {CPU_BLOCKSPLIT}: unknown weight role {role!r}")
 
 
+#: Hopper (sm_90) layout of the Triton path: each 32-bit word holds the 8 e2m1 values one thread of a
+#: warpgroup MMA needs from a 32-value block, from two rows 8 apart, with the bits of every value already
+#: at their bf16 positions, so the kernel turns a word into four bf16 pairs with 9 integer ops and one
+#: multiply per pair (``runtime/triton_kernels/_gemm_kernels.py``, docs/nvidia.md). Scales and biases stay
+#: row-major; the array keeps its [E, N, K/2] shape (N a multiple of 16, K of 32).
+TRITON_HOPPER = "triton-mxfp4-hopper"
+
+#: Bits of one bf16 pair (low half: an even k, high half: k + 1) for codes whose value is v * 2^-126:
+#: sign at bit 15, exponent at bits 8-7, mantissa at bit 6 (the subnormal code 0.5 included).
+HOPPER_PAIR_MASK = 0x81C081C0
+#: Largest e8m0 scale byte for which the kernels' one-multiply decode is exact (2^126 * 2^(s-127) is then a
+#: finite bf16); a layer with a larger one (values past +-12) or a NaN scale uses the two-multiply form.
+HOPPER_MAX_FAST_SCALE = 128
+#: How the kernel takes pair j out of a stored word w: OR over (mask, r) of rotl(w, r) & mask.
+HOPPER_PAIR_BITS = (((HOPPER_PAIR_MASK, 0),), ((HOPPER_PAIR_MASK, 6),), ((HOPPER_PAIR_MASK, 12),),
+                    ((0x00400040, 2), (0x81808180, 10)))
+
+
+def _hopper_pair_bits(byte: int) -> int:
+    """bf16-pair bits (v * 2^-126 each) of a checkpoint byte (low nibble = even k)."""
+    def half(code):
+        return ((code & 8) << 12) | ((code & 7) << 6)
+    return half(byte & 15) | (half(byte >> 4) << 16)
+
+
+def _hopper_tables() -> np.ndarray:
+    """[4, 256] uint32: the word bits pair j contributes for each checkpoint byte."""
+    tables = np.zeros((4, 256), dtype=np.uint32)
+    for j, groups in enumerate(HOPPER_PAIR_BITS):
+        for b in range(256):
+            p, word = _hopper_pair_bits(b), 0
+            for mask, r in groups:
+                for bit in range(32):
+                    if mask >> bit & 1 and p >> bit & 1:
+                        word |= 1 << ((bit - r) % 32)
+            tables[j, b] = word
+    return tables
+
+
+_HOPPER_TABLES = _hopper_tables()
+#: pair j of a word holds (row r + 8 * ROW8[j], k + 16 * K16[j]) of its 32-value block
+_HOPPER_ROW8, _HOPPER_K16 = (0, 1, 0, 1), (0, 0, 1, 1)
+
+
+def _hopper_split(v: np.ndarray) -> tuple[tuple[int, ...], int, int]:
+    if v.ndim < 2 or v.shape[-2] % 16 or v.shape[-1] % 16:
+        raise ValueError(f"{TRITON_HOPPER} needs values [..., N, K/2] with N a multiple of 16 and K of 32, "
+                         f"got {list(v.shape)}")
+    return v.shape[:-2], v.shape[-2] // 16, v.shape[-1] // 16
+
+
+def hopper_swizzle(values: np.ndarray) -> np.ndarray:
+    """Checkpoint bytes [..., N, K/2] -> :data:`TRITON_HOPPER` order (same shape).
+
+    Checkpoint byte (row 16g + 8rb + i, byte 16kb + 8t + 4jl + q) holds the pair (k, k+1) with
+    k = 32kb + 16t + 8jl + 2q; it becomes pair j = rb + 2t of the word at stored row 16g + 8jl + i,
+    bytes 16kb + 4q .. +3 (little-endian)."""
+    v = np.asarray(values, dtype=np.uint8)
+    lead, g, kb = _hopper_split(v)
+    src = v.reshape(*lead, g, 2, 8, kb, 2, 2, 4)  # [g, rb, i, kb, t, jl, q]
+    n = len(lead)
+    word = np.zeros((*lead, g, 2, 8, kb, 4), dtype=np.uint32)  # [g, jl, i, kb, q]
+    for j in range(4):
+        pair = np.take(np.take(src, _HOPPER_K16[j], axis=n + 4), _HOPPER_ROW8[j], axis=n + 1)  # [g, i, kb, jl, q]
+        word |= _HOPPER_TABLES[j][np.moveaxis(pair, n + 3, n + 1)]  # -> [g, jl, i, kb, q]
+    return word.astype("<u4").view(np.uint8).reshape(v.shape)
+
+
+def hopper_unswizzle(stored: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`hopper_swizzle`."""
+    v = np.asarray(stored, dtype=np.uint8)
+    lead, g, kb = _hopper_split(v)
+    n = len(lead)
+    word = np.ascontiguousarray(v).view("<u4").reshape(*lead, g, 2, 8, kb, 4).astype(np.uint32)  # [g, jl, i, kb, q]
+    out = np.empty((*lead, g, 2, 8, kb, 2, 2, 4), dtype=np.uint8)  # [g, rb, i, kb, t, jl, q]
+    for j, groups in enumerate(HOPPER_PAIR_BITS):
+        p = np.zeros_like(word)
+        for mask, r in groups:
+            p |= ((word << np.uint32(r)) | (word >> np.uint32((32 - r) % 32))) & np.uint32(mask) if r else word & np.uint32(mask)
+        lo, hi = p & np.uint32(0xFFFF), p >> np.uint32(16)
+        codes = [((h >> np.uint32(12)) & np.uint32(8)) | ((h >> np.uint32(6)) & np.uint32(7)) for h in (lo, hi)]
+        byte = (codes[0] | (codes[1] << np.uint32(4))).astype(np.uint8)  # [g, jl, i, kb, q]
+        out[(slice(None),) * (n + 1) + (_HOPPER_ROW8[j], slice(None), slice(None), _HOPPER_K16[j])] = \
+            np.moveaxis(byte, n + 1, n + 3)
+    return out.reshape(v.shape)
+
+
+def _hopper(role: str, a: np.ndarray) -> np.ndarray:
+    if role == "values":
+        return hopper_swizzle(a).view(a.dtype)
+    if role in ("scales", "bias"):
+        return a
+    raise ValueError(f"layout {TRITON_HOPPER}: unknown weight role {role!r}")
+
+
+def _hopper_inverse(role: str, a: np.ndarray) -> np.ndarray:
+    return hopper_unswizzle(a).view(a.dtype) if role == "values" else a
+
+
 def register_layout(name: str, transform: Transform, inverse: Transform) -> None:
     """Make ``name`` a known layout: ``transform(role, row_major)`` gives the stored array and
     ``inverse(role, stored)`` gives it back (reference checks read weights out of artifacts)."""
@@ -150,3 +249,4 @@ def _identity(role: str, a: np.ndarray) -> np.ndarray:
 register_layout(ROW_MAJOR, _identity, _identity)
 register_layout(TRITON_KMAJOR, _identity, _identity)
 register_layout(CPU_BLOCKSPLIT, _blocksplit, _blocksplit_inverse)
+register_layout(TRITON_HOPPER, _hopper, _hopper_inverse)

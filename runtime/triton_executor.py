@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
 from mxmoe.runtime.triton_kernels.expr import evaluate
 from mxmoe.runtime.triton_kernels.kernel_plan import PlanError, arg_type, environment, shape_class, validate
 from mxmoe.runtime.triton_kernels._launch import ensure_allocator
@@ -138,6 +139,19 @@ class _CubinKernel:
 
 
 # ------------------------------------------------------------------------------------- executor
+def _check_scale_range(plan: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> None:
+    """A plan compiled with the one-multiply Hopper decode (``WIDE_SCALES=False``) is exact only for scale
+    bytes <= 128: refuse other weights rather than return infinities."""
+    if not any(e["constexprs"].get("W_HOPPER") and not e["constexprs"].get("WIDE_SCALES", True)
+               for e in plan["kernels"].values()):
+        return
+    for name, spec in plan["parameters"].items():
+        if spec["role"] == "scales" and params[name].numel() and int(params[name].max()) > HOPPER_MAX_FAST_SCALE:
+            raise PlanError(f"parameter '{name}': scale byte {int(params[name].max())} > {HOPPER_MAX_FAST_SCALE}, "
+                            "which this plan's decode was not compiled for (it was compiled from other weights); "
+                            "recompile the layer with these weights")
+
+
 class TritonExecutor:
     """A kernel plan bound to weights on one device; call it with hidden states [..., H]."""
 
@@ -166,6 +180,7 @@ class TritonExecutor:
             if list(t.shape) != list(spec["shape"]):
                 raise PlanError(f"parameter '{name}': expected shape {spec['shape']}, got {list(t.shape)}")
             self.params[name] = t
+        _check_scale_range(plan, self.params)
         self._dummies: dict[str, torch.Tensor] = {}
         self._launch_cache: dict[int, tuple] = {}
         self._lock = threading.Lock()

@@ -104,16 +104,19 @@ def test_prefill_class_and_batched_input(near_tie_tokens):
     _check(cm(x), layer(x), ties(x))
 
 
-def test_plan_is_plain_data_with_classes_and_parameter_bindings():
+@pytest.mark.parametrize("target", ["cuda:sm_90", "cuda:sm_100"])
+def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     layer = MoE.random(_cfg(), seed=0)
-    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
+    cm = mxmoe.compile(layer, target=target, interpret=True)
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
+    hopper = target == "cuda:sm_90"
+    assert plan["layer"]["layout"] == ("triton-mxfp4-hopper" if hopper else "triton-mxfp4-kmajor")
     assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "sparse", "mid", "prefill", "large"]
     # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2
     assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 128, 1024, 2047, None]
     sparse = plan["classes"][2]["tiles"]
-    assert sparse["w13"]["BLOCK_M"] == sparse["w2"]["BLOCK_M"] == 32 and sparse["w13"]["W_TMA"]
+    assert sparse["w13"]["BLOCK_M"] == sparse["w2"]["BLOCK_M"] == 32
     large = plan["classes"][-1]["tiles"]
     assert large["w13"]["BLOCK_M"] == large["w2"]["BLOCK_M"] == 256 and large["w13"]["GROUP_M"] == 4
     # every weight global feeds a kernel, and every parameter a kernel reads is a compiled parameter
@@ -126,13 +129,19 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings():
         kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in decode["launches"]]
         grouping = ["route_and_group"] if decode["name"] == "gemv" else ["route_partials", "group_by_expert"]
         assert kernels == ["router_gemm", *grouping, "glu_gemm", "combine_gemm", "cast"]
-    assert [plan["kernels"][lc["kernel"]]["constexprs"].get("W_TMA") for lc in plan["classes"][1]["launches"]
-            if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm") and "W_TMA" in plan["kernels"][lc["kernel"]]["constexprs"]] == [True, True]
+    gemms = [plan["kernels"][lc["kernel"]]["constexprs"] for cls in plan["classes"] for lc in cls["launches"]
+             if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm")
+             and plan["kernels"][lc["kernel"]]["kernel"] != "router_gemm"]
+    # sm_90 decodes the Hopper layout in registers (no TMA, one multiply: the random scales are <= 128);
+    # sm_100 feeds the checkpoint order to dot_scaled, TMA weight tiles from the decode class on
+    assert all(c["W_HOPPER"] is hopper for c in gemms)
+    assert all(c["WIDE_SCALES"] is False for c in gemms if hopper)
+    decode_tma = [c["W_TMA"] for c in gemms[2:4]]
+    assert decode_tma == ([False, False] if hopper else [True, True])
     prefill = plan["classes"][4]
     kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
     assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
                        "glu_gemm", "combine_gemm", "cast"]
-    assert plan["layer"]["layout"] == "triton-mxfp4-kmajor"
 
 
 @pytest.mark.parametrize("target,arch", [("cuda:sm_90", 90), ("cuda:sm_100", 100)])
@@ -269,3 +278,36 @@ def test_old_tritons_compile_the_prefill_gemms_unpipelined():
     assert compile_stages("glu_gemm", prefill, 4, "3.9.0") == 4
     assert compile_stages("glu_gemm", {"BLOCK_M": 64}, 4, "3.6.0") == 4
     assert compile_stages("route", prefill, 4, "3.6.0") == 4
+
+
+def test_scale_range_picks_the_hopper_decode_and_the_executor_holds_weights_to_it():
+    """Scale bytes <= 128 let the sm_90 decode multiply once per value pair; a layer with a larger one (here a
+    block of weights up to 6 * 2^73) keeps the two-multiply form and still matches the reference; a plan made
+    for small scales refuses weights it was not compiled for instead of returning infinities."""
+    from mxmoe.runtime.triton_executor import TritonExecutor
+    from mxmoe.runtime.triton_kernels.kernel_plan import PlanError
+
+    def hopper_flags(cm):
+        return {e["constexprs"]["WIDE_SCALES"] for e in cm.kernel_plan["kernels"].values()
+                if e["constexprs"].get("W_HOPPER")}
+
+    layer = MoE.random(_cfg(), seed=0)
+    small = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
+    assert hopper_flags(small) == {False}
+    with torch.no_grad():
+        layer.w2_scale[3, 5, 1] = 200  # one 32-value block of expert 3's w2 row 5, scaled by 2^73
+        layer.w2_bias.zero_()
+    wide = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
+    assert hopper_flags(wide) == {True}
+    x = _x(9, 64, seed=4)
+    out, ref = wide(x), layer(x)
+    hit = torch.isinf(ref.float()) | (ref.float().abs() > 1e15)  # tokens routed to expert 3 see the huge row
+    assert hit.any() and hit.sum() < hit.numel() // 8
+    # one 32-term dot dominates these outputs, so cancellation in it shows more than elsewhere
+    torch.testing.assert_close(out.float()[hit], ref.float()[hit], rtol=5e-2, atol=0)
+    assert torch.equal(torch.isinf(out.float()), torch.isinf(ref.float()))
+    _check(torch.where(hit, 0, out.float()), torch.where(hit, 0, ref.float()))
+    params = {g: (wide.parameters[g] if spec["role"] == "scales" else small.parameters[g])
+              for g, spec in small.kernel_plan["parameters"].items()}
+    with pytest.raises(PlanError, match="scale byte 200 > 128"):
+        TritonExecutor(small.kernel_plan, params, mode="interpret")

@@ -3,8 +3,8 @@
 Skipped without CUDA. The module under test is what ``mxmoe.compile(layer, target="cuda:sm_90")``
 produces (kernel plan + AOT cubins). GPU machines may lack the compiler's IREE bindings; there the
 plan and cubins come from ``MXMOE_GPU_PLANS`` (a directory written on a compiler machine by
-``python benchmarks/gpu_moe.py --build DIR``), and the weights are the layer's own buffers (the plan's
-layout is the checkpoint order; the executor checks every shape against the plan).
+``python benchmarks/gpu_moe.py --build DIR``), and the weights are the layer's own buffers put into the
+plan's layout (``kernel_plan.plan_parameters``; the executor checks every shape against the plan).
 """
 
 import os
@@ -27,10 +27,12 @@ def _compiled(name: str, layer):
     if plans:
         from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
 
+        from mxmoe.runtime.triton_kernels.kernel_plan import plan_parameters
+
         plan, binaries = read_bundle(os.path.join(plans, name))
-        assert plan["layer"]["layout"] == "triton-mxfp4-kmajor"
+        assert plan["layer"]["layout"] == "triton-mxfp4-hopper"
         layer = layer.cuda()
-        params = {g: getattr(layer, spec["operand"]) for g, spec in plan["parameters"].items()}
+        params = plan_parameters(plan, {s["operand"]: getattr(layer, s["operand"]) for s in plan["parameters"].values()})
         return TritonExecutor(plan, params, binaries), layer
     pytest.importorskip("iree.compiler", reason="no compiler here and MXMOE_GPU_PLANS not set")
     import mxmoe

@@ -19,7 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 # Without a GPU the launches run under Triton's interpreter: KernelLaunch.launch picks the
 # interpreted twin of each kernel for CPU tensors (no TRITON_INTERPRET needed in this process).
 from mxmoe.runtime.triton_kernels import (  # noqa: E402
-    COL_MAJOR, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
+    COL_MAJOR, HOPPER, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
 from mxmoe.runtime.triton_kernels.tile_config import shape_classes  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -91,11 +91,12 @@ def make_layer(T, E, H, I, *, bias=True, dtype=torch.bfloat16, seed=0, device=DE
     return x.to(device), logits.to(device), (w13, s13, b13, w2, s2, b2)
 
 
-def run_and_compare(x, logits, weights, *, layout=ROW_MAJOR, config=None, **kw):
+def run_and_compare(x, logits, weights, *, layout=ROW_MAJOR, config=None, wide_scales=True, **kw):
     w13, s13, b13, w2, s2, b2 = weights
     w13_l, s13_l = layout.swizzle(w13, s13)
     w2_l, s2_l = layout.swizzle(w2, s2)
-    out = moe_forward(x, logits, w13_l, s13_l, b13, w2_l, s2_l, b2, layout=layout, config=config, **kw)
+    out = moe_forward(x, logits, w13_l, s13_l, b13, w2_l, s2_l, b2, layout=layout, config=config,
+                      wide_scales=wide_scales, **kw)
     ref = reference_moe(x, logits, *weights, **kw)
     assert out.dtype == x.dtype and out.shape == x.shape
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
@@ -160,10 +161,10 @@ def test_group_by_expert(case, block_m):
 @pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))
 def test_layout_round_trip(layout):
     gen = torch.Generator().manual_seed(2)
-    w, s, _ = random_mxfp4(3, 40, 96, bias=False, gen=gen, device="cpu")
+    w, s, _ = random_mxfp4(3, 48, 96, bias=False, gen=gen, device="cpu")
     w2, s2 = layout.swizzle(w, s)
     assert w2.is_contiguous() and s2.is_contiguous()
-    assert layout.logical_shape(w2) == (3, 40, 96)
+    assert layout.logical_shape(w2) == (3, 48, 96)
     back_w, back_s = layout.unswizzle(w2, s2)
     assert torch.equal(back_w, w) and torch.equal(back_s, s)
 
@@ -242,6 +243,15 @@ FORWARD_CASES = {
     "t40_grouped_launch_order": (40, 8, 2, 96, 96, dict(config=GROUPED)),
     "t40_grouped_launch_order_tma": (40, 8, 2, 96, 160, dict(config=GROUPED_TMA)),
     "t40_grouped_launch_order_colmajor": (40, 8, 4, 64, 96, dict(config=GROUPED, layout=COL_MAJOR)),
+    # The Hopper decode layout (sm_90's): its own tiles per class, K (96, 160) not a multiple of BLOCK_K,
+    # N = H = 96 not a multiple of BLOCK_N = 64 (a half-empty last tile of whole 16-row groups), the
+    # concatenated gate/up order ([gate | up] tile halves), one token, the prefill and large tiles, fp32.
+    "t1_hopper": (1, 8, 2, 96, 160, dict(layout=HOPPER)),
+    "t17_hopper_k4_silu_concat": (17, 8, 4, 96, 160, dict(layout=HOPPER, activation="silu", interleaved=False)),
+    "t64_hopper_prefill_tiles_nobias": (64, 8, 2, 64, 96, dict(layout=HOPPER, bias=False, config=TileConfig(
+        BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4))),
+    "t40_hopper_grouped_launch_order_concat": (40, 8, 2, 96, 96, dict(layout=HOPPER, interleaved=False, config=GROUPED)),
+    "t5_hopper_fp32_one_multiply": (5, 8, 2, 64, 64, dict(layout=HOPPER, dtype=torch.float32, wide_scales=False)),
 }
 
 
@@ -265,6 +275,34 @@ def test_moe_forward_with_unused_experts():
     x, logits, weights = make_layer(9, 8, 64, 64, seed=4)
     logits[:, 1::2] -= 100.0  # odd experts never chosen
     run_and_compare(x, logits, weights, top_k=2, layout=COL_MAJOR, config=PREFILL)
+
+
+@pytest.mark.parametrize("wide_scales", [True, False])
+def test_hopper_decode_every_code_and_scale(wide_scales):
+    """The GEMMs' decode of the Hopper layout, value by value against the e2m1 x e8m0 definition: all 256
+    bytes under every scale byte it promises to cover (the one-multiply form: 0..128; the two-multiply
+    form: all, 255 giving NaN). Runs the inline-PTX decode on a GPU, its fp32 twin in the interpreter."""
+    from mxmoe.runtime.triton_kernels.grouped_gemm import hopper_decode
+
+    scales = torch.arange(0, 129 if not wide_scales else 256)
+    n, k = 16 * len(scales), 512  # each 16-row group has one scale byte; every row holds all 256 bytes
+    w = torch.arange(256, dtype=torch.uint8).repeat(n, k // 512)
+    w = w[:, torch.randperm(k // 2, generator=torch.Generator().manual_seed(0))]
+    s = scales.repeat_interleave(16)[:, None].expand(n, k // 32).to(torch.uint8).contiguous()
+    stored = HOPPER.swizzle(w[None], s[None])[0][0]
+    got = hopper_decode(stored.to(DEVICE), s.to(DEVICE), wide_scales=wide_scales).float().cpu()
+    want = dequantize(w[None], s[None])[0]
+    want[s.repeat_interleave(32, -1) == 255] = float("nan")  # e8m0 0xFF is NaN
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(got[finite], want[finite].bfloat16().float())  # bit-exact (every value is a bf16)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+def test_hopper_layout_needs_whole_row_groups():
+    w = torch.zeros(1, 24, 32, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="N a multiple of 16"):
+        HOPPER.swizzle(w, torch.zeros(1, 24, 2, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------- ahead-of-time compilation
@@ -301,7 +339,7 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR], ids=lambda lt: lt.name)
+@pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR, HOPPER], ids=lambda lt: lt.name)
 @pytest.mark.parametrize("T", [1, 64, 1024, 4096])
 def test_gpu_medium_shape(T, layout):
     x, logits, weights = make_layer(T, 32, 512, 768, seed=T)
@@ -316,6 +354,7 @@ def test_gpu_medium_shape(T, layout):
 def test_gpu_gpt_oss_20b_shape(T):
     x, logits, weights = make_layer(T, 32, 2880, 2880, seed=T)
     run_and_compare(x, logits, weights, top_k=4)
+    run_and_compare(x, logits, weights, top_k=4, layout=HOPPER, wide_scales=False)
 
 
 @pytest.mark.gpu

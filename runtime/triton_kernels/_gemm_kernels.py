@@ -2,13 +2,60 @@
 
 Both GEMMs run over the padded, expert-sorted row space of :class:`~.grouping.ExpertGroups`:
 program (b, n) computes rows ``block_start[b] + [0, BLOCK_M)`` of expert ``block_expert[b]``
-against BLOCK_N weight columns. The weights are the rhs of ``tl.dot_scaled`` as a [BLOCK_K/2,
-BLOCK_N] uint8 tile packed along K with a [BLOCK_N, BLOCK_K/32] e8m0 scale tile; Hopper upcasts
-them to bf16 in the kernel, Blackwell feeds them to its native MXFP4 MMA.
+against BLOCK_N weight columns. Two ways to multiply by the MXFP4 weights:
+
+* ``W_HOPPER`` (sm_90, values in :data:`mxmoe.layouts.TRITON_HOPPER` order): the weight tile is decoded
+  to bf16 in registers by a few integer ops and one bf16x2 multiply per pair of values, and is the
+  *left* operand of a plain ``tl.dot`` against the gathered activation rows (``acc^T = W x^T``), so a
+  warpgroup MMA reads it straight from registers; the accumulator is transposed once for the epilogue.
+* otherwise the weights are the rhs of ``tl.dot_scaled`` as a [BLOCK_K/2, BLOCK_N] uint8 tile packed
+  along K with a [BLOCK_N, BLOCK_K/32] e8m0 scale tile (Blackwell's native MXFP4 MMA; on Hopper
+  Triton upcasts them itself, at about twice the instructions per value).
 """
+
+import os
 
 import triton
 import triton.language as tl
+
+from mxmoe.layouts import HOPPER_PAIR_BITS
+
+#: This module is executed once as compiled kernels and, when interpreted kernels are asked for, once
+#: more under TRITON_INTERPRET (see kernels.py): the interpreter cannot run inline PTX.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _hopper_decode_asm(wide_scales: bool) -> str:
+    """PTX that turns one stored word ($4) into the four bf16 pairs $0..$3 (pair j: rows r / r+8 for even /
+    odd j, k / k+16 for j < 2 / j >= 2), each multiplied by its row's factor ($5: row r, $7: row r+8).
+    Fast form: one multiply by 2^126 * scale (exact when every scale byte is <= 128). Wide form: by 2^126,
+    then by the e8m0 scale (exact for every scale, NaN for 255)."""
+    lines = [".reg .b32 t, u, z, b;", "mov.b32 z, 0x80008000;", "mov.b32 b, 0x7E807E80;"]
+    for j, groups in enumerate(HOPPER_PAIR_BITS):
+        for reg, (mask, r) in zip("tu", groups):
+            src = "$4"
+            if r:
+                lines.append(f"shf.l.wrap.b32 {reg}, $4, $4, {r};")
+                src = reg
+            lines.append(f"and.b32 {reg}, {src}, {mask:#010x};")
+        if len(groups) == 2:
+            lines.append("or.b32 t, t, u;")
+        factor = "$7" if j % 2 else "$5"
+        if wide_scales:
+            lines.append("fma.rn.bf16x2 t, t, b, z;")
+        lines.append(f"fma.rn.bf16x2 ${j}, t, {factor}, z;")  # a*b + (-0) is a*b exactly, signed zeros too
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+HOPPER_ASM_FAST = tl.constexpr(_hopper_decode_asm(False))
+HOPPER_ASM_WIDE = tl.constexpr(_hopper_decode_asm(True))
+# the same (mask, rotation) groups for the interpreter's twin of the asm (pair 3 has two groups)
+(_P0M, _P0R), = HOPPER_PAIR_BITS[0]
+(_P1M, _P1R), = HOPPER_PAIR_BITS[1]
+(_P2M, _P2R), = HOPPER_PAIR_BITS[2]
+(_P3M, _P3R), (_P3MB, _P3RB) = HOPPER_PAIR_BITS[3]
+P0M, P0R, P1M, P1R, P2M, P2R, P3M, P3R, P3MB, P3RB = map(
+    tl.constexpr, (_P0M, _P0R, _P1M, _P1R, _P2M, _P2R, _P3M, _P3R, _P3MB, _P3RB))
 
 
 @triton.jit
@@ -25,6 +72,84 @@ def _value_tile(w_ptr, expert, cols, col_mask, k0,
 
 
 @triton.jit
+def _rotl(w, r: tl.constexpr):
+    return (w << r) | (w >> (32 - r))
+
+
+@triton.jit
+def _hopper_pair(word, MASK_A: tl.constexpr, ROT_A: tl.constexpr, MASK_B: tl.constexpr, ROT_B: tl.constexpr,
+                 factor):
+    """Interpreter twin of one asm pair: [..., h] fp32 values (bits are v * 2^-126, times 2^126 * factor)."""
+    p = _rotl(word, ROT_A) & MASK_A if ROT_A else word & MASK_A
+    if MASK_B:
+        p = p | (_rotl(word, ROT_B) & MASK_B)
+    lo = (p << 16).to(tl.float32, bitcast=True) * 8.507059173023462e+37
+    hi = (p & 0xFFFF0000).to(tl.float32, bitcast=True) * 8.507059173023462e+37
+    return tl.join(lo * factor, hi * factor)
+
+
+@triton.jit
+def _hopper_decode_interpreted(w, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The decode of :func:`_hopper_decode` in fp32 arithmetic (exact for every scale byte)."""
+    G: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 32
+    b = w.to(tl.uint32).reshape(G, 2, 8, KB, 4, 4)  # [g, jl, i, kb, q, byte]
+    word = tl.sum(b << (tl.arange(0, 4) * 8)[None, None, None, None, None, :], axis=5)
+    s = s.to(tl.uint32)
+    f = tl.where(s == 0, 0x00400000, tl.where(s == 255, 0x7FC00000, s << 23)).to(tl.float32, bitcast=True)
+    f_r, f_r8 = tl.split(tl.permute(f.reshape(G, 2, 8, KB), (0, 2, 3, 1)))  # [g, i, kb] of rows r, r + 8
+    f_r = tl.broadcast_to(f_r[:, None, :, :, None], [G, 2, 8, KB, 4])
+    f_r8 = tl.broadcast_to(f_r8[:, None, :, :, None], [G, 2, 8, KB, 4])
+    p0 = _hopper_pair(word, P0M, P0R, 0, 0, f_r)
+    p1 = _hopper_pair(word, P1M, P1R, 0, 0, f_r8)
+    p2 = _hopper_pair(word, P2M, P2R, 0, 0, f_r)
+    p3 = _hopper_pair(word, P3M, P3R, P3MB, P3RB, f_r8)
+    v = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [g, jl, i, kb, q, h, rb, t]
+    v = tl.permute(v, (0, 6, 2, 3, 7, 1, 4, 5)).reshape(BLOCK_N, BLOCK_K)
+    # Every value is a bf16 already, so its bits are the fp32 bits' top half (the interpreter's own fp32 ->
+    # bf16 conversion flushes subnormals such as 0.5 * 2^-127).
+    return (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _hopper_decode(w, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDE_SCALES: tl.constexpr):
+    """Weights [BLOCK_N, BLOCK_K] bf16 (tile rows in order, k in order) from a tile of stored
+    :data:`~mxmoe.layouts.TRITON_HOPPER` bytes [BLOCK_N, BLOCK_K/2] (whole 16-row groups) and its scales
+    [BLOCK_N, BLOCK_K/32]. Stored word (g, jl, i, kb, q) = bytes 16kb + 4q + [0, 4) of tile row
+    16g + 8jl + i; its byte e = 2rb + h carries, through pairs rb + 2t, the values of row 16g + 8rb + i at
+    k = 32kb + 16t + 8jl + 2q + h. The reshapes below say exactly that, and Triton keeps them in registers:
+    the four bytes of a word are consecutive registers of one thread, where the MMA wants them."""
+    if INTERPRETED:
+        return _hopper_decode_interpreted(w, s, BLOCK_N, BLOCK_K)
+    G: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 32
+    s = s.to(tl.uint32)
+    if WIDE_SCALES:  # bf16 bits of 2^(s-127): 0 -> the subnormal 2^-127, 255 -> NaN
+        f = tl.where(s == 0, 0x40, tl.where(s == 255, 0x7FC0, s << 7))
+    else:  # bf16 bits of 2^126 * 2^(s-127) = 2^(s-1)
+        f = (s + 126) << 7
+    f = f | (f << 16)
+    f = tl.permute(f.reshape(G, 2, 8, KB), (0, 2, 3, 1))  # [g, i, kb, rb]
+    f = tl.broadcast_to(f[:, None, :, :, None, :, None], [G, 2, 8, KB, 4, 2, 2]).reshape(BLOCK_N, BLOCK_K // 2)
+    if WIDE_SCALES:
+        r0, r1 = tl.inline_asm_elementwise(HOPPER_ASM_WIDE, "=r,=r,=r,=r,r,r,r,r,r", [w, f],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        r0, r1 = tl.inline_asm_elementwise(HOPPER_ASM_FAST, "=r,=r,=r,=r,r,r,r,r,r", [w, f],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    v = tl.join(r0, r1).reshape(G, 2, 8, KB, 4, 2, 2, 2)  # [g, jl, i, kb, q, rb, h, t]
+    return tl.permute(v, (0, 5, 2, 3, 7, 1, 4, 6)).reshape(BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _dot_w_xt(w, x, acc):
+    """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x [BLOCK_M, BLOCK_K]^T, bf16 in, fp32 accumulation."""
+    if INTERPRETED:  # Triton 3.9's interpreter multiplies bf16 dot operands as their raw uint16 bits
+        return tl.dot(w.to(tl.float32), tl.trans(x).to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w, tl.trans(x), acc)
+
+
+@triton.jit
 def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """TMA descriptor over all experts' packed values as one [E*N, K/2] matrix: tile (expert*N + n0, k0/2)
@@ -32,6 +157,15 @@ def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLO
     columns are masked), rows past the last expert and bytes past K/2 read as zero codes."""
     return tl.make_tensor_descriptor(w_ptr, shape=[NUM_EXPERTS * N, K // 2], strides=[K // 2, 1],
                                      block_shape=[BLOCK_N, BLOCK_K // 2])
+
+
+@triton.jit
+def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Stored bytes [BLOCK_N, BLOCK_K/2] of TRITON_HOPPER values for tile rows ``rows`` (whole 16-row groups)."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
+    return tl.load(w_base + rows[:, None] * (K // 2) + kb[None, :], mask=row_mask[:, None] & (kb[None, :] < K // 2),
+                   other=0)
 
 
 @triton.jit
@@ -83,14 +217,16 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr,
                     ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0):
+                    W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
+                    W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
     odd c, so one dot yields matched gate/up pairs for either GLU layout and the activation is
     applied before anything leaves registers. x rows are gathered by token index in the loads.
     W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
-    gate/up rows, so that a tile's w13 rows are consecutive).
+    gate/up rows, so that a tile's w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
+    the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply.
     """
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
@@ -106,24 +242,45 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     col_mask = act_col < INTERMEDIATE
 
     x_rows = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN
-    if W_TMA:
-        tl.static_assert(K_CONTIGUOUS and INTERLEAVED, "W_TMA needs K-contiguous values and interleaved gate/up")
-        desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # The scale rows are too short for Triton's async-copy pipelining (BLOCK_K/32 bytes), so they
-    # are prefetched one K step ahead by hand instead of stalling every step on a global load.
-    s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
-    for k0 in range(0, HIDDEN, BLOCK_K):
-        s = s_next
-        s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K,
-                             2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
-        if W_TMA:
-            w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2]).T
+    if W_HOPPER:
+        # Tile rows must be whole 16-row groups of the stored layout: interleaved gate/up rows are
+        # consecutive already; the concatenated order takes BLOCK_N/2 gate rows, then their up rows.
+        if INTERLEAVED:
+            w_rows, w_mask = cols, col_mask
         else:
-            w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
-        acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
+            half = pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2)
+            w_rows, w_mask = half + (c // (BLOCK_N // 2)) * INTERMEDIATE, half < INTERMEDIATE
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            s = s_next  # prefetched one K step ahead, as below
+            s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
+            w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
+            acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), x.to(tl.bfloat16), acc_t)
+        if not INTERLEAVED:  # [gate | up] tile rows -> the (gate, up) column pairs the epilogue splits
+            acc_t = tl.permute(acc_t.reshape(2, BLOCK_N // 2, BLOCK_M), (1, 0, 2)).reshape(BLOCK_N, BLOCK_M)
+        acc = tl.trans(acc_t)
+    else:
+        if W_TMA:
+            tl.static_assert(K_CONTIGUOUS and INTERLEAVED, "W_TMA needs K-contiguous values and interleaved gate/up")
+            desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        # The scale rows are too short for Triton's async-copy pipelining (BLOCK_K/32 bytes), so they
+        # are prefetched one K step ahead by hand instead of stalling every step on a global load.
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            s = s_next
+            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K,
+                                 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
+            if W_TMA:
+                w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2]).T
+            else:
+                w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+            acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
 
@@ -147,12 +304,13 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0):
+                        W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
+                        W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
     scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
-    through a TMA descriptor (K-contiguous values only).
+    through a TMA descriptor (K-contiguous values only). W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
     """
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
@@ -162,21 +320,34 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     col_mask = cols < HIDDEN
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
-    if W_TMA:
-        tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
-        desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
-    for k0 in range(0, INTERMEDIATE, BLOCK_K):
-        s = s_next  # prefetched one K step ahead, as in glu_gemm_kernel
-        s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
-        k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
+    if W_HOPPER:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, True)
+        for k0 in range(0, INTERMEDIATE, BLOCK_K):
+            s = s_next
+            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, True)
+            k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
+            w = _hopper_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K)
+            acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
+        acc = tl.trans(acc_t)
+    else:
         if W_TMA:
-            w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2]).T
-        else:
-            w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
-        acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
+            tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
+            desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+        for k0 in range(0, INTERMEDIATE, BLOCK_K):
+            s = s_next  # prefetched one K step ahead, as in glu_gemm_kernel
+            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K,
+                                 K_CONTIGUOUS)
+            k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
+            if W_TMA:
+                w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2]).T
+            else:
+                w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+            acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]
 
@@ -185,6 +356,21 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     tokens = pairs // TOP_K
     tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
                   mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+
+
+@triton.jit
+def hopper_decode_kernel(w_ptr, s_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, WIDE_SCALES: tl.constexpr):
+    """out [N, K] bf16 = the MXFP4 weights of TRITON_HOPPER values [N, K/2] with scales [N, K/32] (one expert),
+    through the GEMMs' own decode: lets the tests check it value by value on every code and scale."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    expert = tl.full([], 0, tl.int32)
+    w = _hopper_tile(w_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K)
+    s = _scale_tile(s_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K, True)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None] * K + k[None, :], _hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES),
+             mask=(rows[:, None] < N) & (k[None, :] < K))
 
 
 @triton.jit

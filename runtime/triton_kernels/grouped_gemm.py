@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._gemm_kernels import cast_kernel, combine_gemm_kernel, glu_gemm_kernel
+from ._gemm_kernels import cast_kernel, combine_gemm_kernel, glu_gemm_kernel, hopper_decode_kernel
 from ._launch import KernelLaunch
 from .grouping import ExpertGroups
 from .layout import WeightLayout
@@ -54,8 +54,11 @@ def _pipeline_stages(layout: WeightLayout, config: TileConfig) -> int:
 def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_scale: torch.Tensor,
                   w13_bias: torch.Tensor | None, *, top_k: int, layout: WeightLayout,
                   config: TileConfig, activation: str = "swiglu_oai", alpha: float = 1.702,
-                  limit: float = 7.0, interleaved: bool = True) -> tuple[KernelLaunch, torch.Tensor]:
-    """Describe the w13 GEMM; returns (launch, activations [T*k, I] bf16 in sorted row order)."""
+                  limit: float = 7.0, interleaved: bool = True,
+                  wide_scales: bool = True) -> tuple[KernelLaunch, torch.Tensor]:
+    """Describe the w13 GEMM; returns (launch, activations [T*k, I] bf16 in sorted row order).
+    ``wide_scales`` (Hopper layout only): False promises every scale byte is <= 128, which lets the
+    decode multiply once per value pair instead of twice (the compiler checks the weights it has)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if config.BLOCK_M != groups.block_m:
@@ -76,8 +79,9 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
              INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
              ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous, interleaved), NUM_EXPERTS=num_experts,
-             GROUP_M=config.GROUP_M),
+             W_TMA=use_tma(config, layout.k_contiguous and not layout.hopper, interleaved),
+             NUM_EXPERTS=num_experts, GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper,
+             WIDE_SCALES=bool(wide_scales)),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
     return launch, act
 
@@ -85,8 +89,9 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
 def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: torch.Tensor,
                       w2: torch.Tensor, w2_scale: torch.Tensor, w2_bias: torch.Tensor | None,
                       out: torch.Tensor, *, top_k: int, layout: WeightLayout,
-                      config: TileConfig) -> KernelLaunch:
-    """Describe the w2 GEMM that adds into ``out`` ([T, H] fp32, zeroed by the caller)."""
+                      config: TileConfig, wide_scales: bool = True) -> KernelLaunch:
+    """Describe the w2 GEMM that adds into ``out`` ([T, H] fp32, zeroed by the caller); ``wide_scales``
+    as in :func:`plan_glu_gemm`."""
     if config.BLOCK_M != groups.block_m:
         raise ValueError(f"config.BLOCK_M={config.BLOCK_M} differs from the grouping's {groups.block_m}")
     if out.dtype != torch.float32:
@@ -105,8 +110,8 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts,
-             GROUP_M=config.GROUP_M),
+             W_TMA=use_tma(config, layout.k_contiguous and not layout.hopper), NUM_EXPERTS=num_experts,
+             GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales)),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
 
 
@@ -120,3 +125,19 @@ def plan_cast(src: torch.Tensor, dst: torch.Tensor) -> KernelLaunch:
     return KernelLaunch("cast", cast_kernel, (triton.cdiv(src.numel(), CAST_BLOCK),),
                         dict(src_ptr=src, dst_ptr=dst, numel=src.numel()), dict(BLOCK=CAST_BLOCK),
                         num_warps=4, num_stages=1, dynamic_ints=frozenset({"numel"}))
+
+
+def hopper_decode(w: torch.Tensor, w_scale: torch.Tensor, *, wide_scales: bool = True) -> torch.Tensor:
+    """bf16 [N, K] weights of one expert's :data:`~.layout.HOPPER` values [N, K/2] and scales [N, K/32],
+    decoded by the same code the GEMMs run (``wide_scales=False``: every scale byte must be <= 128)."""
+    n, k = w.shape[0], 2 * w.shape[1]
+    if w.dtype != torch.uint8 or w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != (n, k // 32):
+        raise ValueError(f"expected uint8 values [N, K/2] and scales [N, K/32], got {tuple(w.shape)} {w.dtype} "
+                         f"and {tuple(w_scale.shape)} {w_scale.dtype}")
+    out = torch.empty(n, k, dtype=torch.bfloat16, device=w.device)
+    block_n, block_k = 64, 128
+    KernelLaunch("hopper_decode", hopper_decode_kernel, (triton.cdiv(n, block_n), triton.cdiv(k, block_k)),
+                 dict(w_ptr=w.contiguous(), s_ptr=w_scale.contiguous(), out_ptr=out),
+                 dict(N=n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, WIDE_SCALES=bool(wide_scales)),
+                 num_warps=4, num_stages=1).launch()
+    return out

@@ -145,3 +145,27 @@ def read_bundle(directory) -> tuple[dict[str, Any], dict[str, bytes]]:
             with open(path, "rb") as f:
                 binaries[name] = f.read()
     return plan, binaries
+
+
+def plan_parameters(plan: Mapping[str, Any], logical: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's parameters from logical weights (checkpoint order, unpadded: what an ``MoE`` layer holds),
+    keyed like ``plan["parameters"]`` and ``logical`` by operand name ("w13", "w13_scale", ...): values are
+    put into the plan's layout (torch tensors stay on their device). For binding plans built elsewhere
+    (``benchmarks/gpu_moe.py --build``) to a layer's own buffers; ``mxmoe.compile`` does this itself."""
+    import numpy as np
+
+    from mxmoe.layouts import StoredForm
+
+    out = {}
+    for glob, spec in plan["parameters"].items():
+        a = logical[spec["operand"]]
+        if spec["role"] == "values":
+            form = StoredForm(tuple(a.shape), tuple(a.shape), layout=plan["layer"]["layout"], role="values")
+            if hasattr(a, "detach"):  # a torch tensor
+                import torch
+
+                a = torch.from_numpy(form.apply(glob, a.detach().cpu().numpy())).to(a.device)
+            else:
+                a = form.apply(glob, np.asarray(a))
+        out[glob] = a
+    return out

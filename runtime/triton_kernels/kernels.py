@@ -29,6 +29,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "glu_gemm": ("_gemm_kernels", "glu_gemm_kernel"),
     "combine_gemm": ("_gemm_kernels", "combine_gemm_kernel"),
     "cast": ("_gemm_kernels", "cast_kernel"),
+    "hopper_decode": ("_gemm_kernels", "hopper_decode_kernel"),
 }
 
 _copies: dict[tuple[str, bool], object] = {}

@@ -11,27 +11,34 @@ from dataclasses import dataclass
 
 import torch
 
-from mxmoe.layouts import TRITON_KMAJOR
+from mxmoe.layouts import TRITON_HOPPER, TRITON_KMAJOR, hopper_swizzle, hopper_unswizzle
 
 
 @dataclass(frozen=True)
 class WeightLayout:
     """``k_contiguous``: stored [E, N, K/2] / [E, N, K/32] (each output row's bytes contiguous along K)
-    when True; stored [E, K/2, N] / [E, K/32, N] (N contiguous) when False."""
+    when True; stored [E, K/2, N] / [E, K/32, N] (N contiguous) when False. ``hopper``: the values are in
+    :data:`mxmoe.layouts.TRITON_HOPPER` order (K-contiguous rows of re-arranged bytes, same shape), read
+    by the kernels' decode-in-registers path."""
 
     name: str
     k_contiguous: bool
+    hopper: bool = False
 
     def swizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Checkpoint tensors -> what the kernels read (a new contiguous copy when the order changes)."""
         _check_logical(w, w_scale)
+        if self.hopper:
+            return _on_host(hopper_swizzle, w), w_scale.contiguous()
         if self.k_contiguous:
             return w.contiguous(), w_scale.contiguous()
         return w.transpose(-1, -2).contiguous(), w_scale.transpose(-1, -2).contiguous()
 
     def unswizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inverse of :meth:`swizzle`."""
-        if self.k_contiguous:
+        if self.hopper:
+            out = _on_host(hopper_unswizzle, w), w_scale.contiguous()
+        elif self.k_contiguous:
             out = w.contiguous(), w_scale.contiguous()
         else:
             out = w.transpose(-1, -2).contiguous(), w_scale.transpose(-1, -2).contiguous()
@@ -42,6 +49,14 @@ class WeightLayout:
         """(E, N, K) of swizzled values ``w``, K counted in elements (two per byte)."""
         e, a, b = w.shape
         return (e, a, 2 * b) if self.k_contiguous else (e, b, 2 * a)
+
+
+def _on_host(transform, w: torch.Tensor) -> torch.Tensor:
+    """A numpy byte transform (same shape) applied to a tensor on any device; meta tensors (ahead-of-time
+    planning) only need the shape."""
+    if w.device.type == "meta":
+        return w.contiguous()
+    return torch.from_numpy(transform(w.detach().cpu().numpy())).to(w.device)
 
 
 def _check_logical(w: torch.Tensor, w_scale: torch.Tensor) -> None:
@@ -63,4 +78,7 @@ LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}
 #: The layout the compiler assigns for cuda targets (``mxmoe.layouts.TRITON_KMAJOR``): the checkpoint's
 #: K-contiguous order, so its stored-form transform is the identity and scales stay [E, N, K/32].
 KMAJOR = WeightLayout(TRITON_KMAJOR, k_contiguous=True)
+#: What the compiler assigns for sm_90: the Hopper decode layout (``mxmoe.layouts.TRITON_HOPPER``).
+HOPPER = WeightLayout(TRITON_HOPPER, k_contiguous=True, hopper=True)
 LAYOUTS[KMAJOR.name] = KMAJOR
+LAYOUTS[HOPPER.name] = HOPPER

@@ -112,15 +112,37 @@ def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
     raise AssertionError("unreachable: the last class is unbounded")
 
 
-def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -> TileConfig:
+#: Tiles of the Hopper decode path (weights decoded in registers as the MMA's left operand, so BLOCK_N
+#: is the MMA's M: 64 rows per warpgroup), per class: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M).
+#: From AOT cubins timed on the H100 (docs/nvidia.md): at 1-64 tokens the 64 x 256 weight tile on one
+#: warpgroup moved 1.7-2.1 TB/s where the dot_scaled tiles moved 1.2-1.5; at 16384 tokens the 256-row
+#: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387).
+HOPPER_TILES = {
+    "gemv": (16, 64, 256, 4, 3, 0),
+    "decode": (16, 64, 256, 4, 3, 0),
+    "sparse": (32, 128, 128, 4, 3, 0),
+    "mid": (64, 128, 128, 8, 3, 0),
+    "prefill": (128, 128, 64, 8, 4, 0),
+    "large": (256, 128, 64, 8, 4, 4),
+}
+
+
+def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False) -> TileConfig:
     """Tile shape of class ``name`` for grouped GEMM ``gemm`` ("glu": w13, "combine": w2) with output
-    width ``N`` and reduction depth ``K``.
+    width ``N`` and reduction depth ``K``; ``hopper``: for the Hopper decode path (``HOPPER_TILES``),
+    else for ``tl.dot_scaled``.
 
     BLOCK_M depends only on the class (never on the GEMM, N or K) so the w13 and w2 GEMMs of one
     forward agree on it: both read the same per-block expert map.
     """
     if gemm not in ("glu", "combine"):
         raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
+    if hopper:
+        if name not in HOPPER_TILES:
+            raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
+        block_m, block_n, block_k, warps, stages, group_m = HOPPER_TILES[name]
+        return TileConfig(block_m, max(16, min(block_n, _pow2_at_least(N))),
+                          max(64, min(block_k, _pow2_at_least(K))), warps, stages, GROUP_M=group_m)
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
     tma, group_m = False, 0
@@ -166,10 +188,10 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu") -
 
 
 def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu", *,
-                  num_experts: int) -> TileConfig:
+                  num_experts: int, hopper: bool = False) -> TileConfig:
     """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class
     (the class bounds depend on the rows per expert, hence ``top_k`` and ``num_experts``)."""
-    return class_config(shape_class(num_tokens, num_experts, top_k), N, K, arch, gemm)
+    return class_config(shape_class(num_tokens, num_experts, top_k), N, K, arch, gemm, hopper)
 
 
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:
@@ -177,9 +199,11 @@ def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_versio
 
     Measured on an H100: with Triton 3.6, the grouped dot_scaled GEMMs at the prefill tile (BLOCK_M=128)
     and num_stages=4 returned wrong sums from 4096 tokens up, and num_stages=1 was right; Triton 3.9
-    cubins of the same plan were right. So older Tritons compile those kernels unpipelined.
+    cubins of the same plan were right. So older Tritons compile those kernels unpipelined. (The Hopper
+    decode path has no dot_scaled; Triton 3.6 ran it right pipelined, 256-row tiles included.)
     """
     major_minor = tuple(int(p) for p in triton_version.split("+")[0].split(".")[:2])
-    if major_minor < (3, 9) and kernel in ("glu_gemm", "combine_gemm") and constexprs.get("BLOCK_M", 0) >= 128:
+    if (major_minor < (3, 9) and kernel in ("glu_gemm", "combine_gemm") and constexprs.get("BLOCK_M", 0) >= 128
+            and not constexprs.get("W_HOPPER")):
         return 1
     return num_stages

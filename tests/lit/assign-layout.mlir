@@ -2,6 +2,7 @@
 // global it reads, with mxmoe.weight_role (values / scales / bias). Other ops and globals are not touched.
 // RUN: mxmoe-opt %s --passes=mxmoe-assign-layout | filecheck %s --check-prefixes=CHECK,ROW
 // RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{triton-mxfp4-kmajor}' | filecheck %s --check-prefixes=CHECK,KMAJOR
+// RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{triton-mxfp4-hopper}' | filecheck %s --check-prefixes=CHECK,HOPPER
 // Running it twice with the same layout is a no-op the second time:
 // RUN: mxmoe-opt %s --passes=mxmoe-assign-layout > %t.once.mlir
 // RUN: mxmoe-opt %t.once.mlir --passes=mxmoe-assign-layout > %t.twice.mlir
@@ -22,6 +23,8 @@
 // KMAJOR: util.global private @w13_bias {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "bias"}
 // KMAJOR: util.global private @w2 {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "values"}
 // KMAJOR: util.global private @w2_scale {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "scales"}
+// HOPPER: util.global private @w13 {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "values"}
+// HOPPER: util.global private @w13_scale {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "scales"}
 // An unused global is left alone.
 // CHECK: util.global private @unused = #flow.parameter
 util.global private @router_weight = #flow.parameter.named<"model"::"router_weight"> : tensor<4x64xbf16>
