@@ -53,14 +53,6 @@ def blocksplit_unswizzle(stored: np.ndarray) -> np.ndarray:
     return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8).reshape(v.shape)
 
 
-def _blocksplit(role: str, a: np.ndarray) -> np.ndarray:
-    if role == "values":
-        return blocksplit_swizzle(a).view(a.dtype)
-    if role in ("scales", "bias"):
-        return a
-    raise ValueError(f"layout {CPU_BLOCKSPLIT}: unknown weight role {role!r}")
-
-
 #: Hopper (sm_90) layout of the Triton path: each 32-bit word holds the 8 e2m1 values one thread of a
 #: warpgroup MMA needs from a 32-value block, from two rows 8 apart, with the bits of every value already
 #: at their bf16 positions, so the kernel turns a word into four bf16 pairs with 9 integer ops and one
@@ -117,47 +109,37 @@ def hopper_swizzle(values: np.ndarray) -> np.ndarray:
 
     Checkpoint byte (row 16g + 8rb + i, byte 16kb + 8t + 4jl + q) holds the pair (k, k+1) with
     k = 32kb + 16t + 8jl + 2q; it becomes pair j = rb + 2t of the word at stored row 16g + 8jl + i,
-    bytes 16kb + 4q .. +3 (little-endian)."""
+    bytes 16kb + 4q .. +3 (little-endian). One [N, K/2] matrix at a time (bounded memory)."""
     v = np.asarray(values, dtype=np.uint8)
     lead, g, kb = _hopper_split(v)
-    src = v.reshape(*lead, g, 2, 8, kb, 2, 2, 4)  # [g, rb, i, kb, t, jl, q]
-    n = len(lead)
-    word = np.zeros((*lead, g, 2, 8, kb, 4), dtype=np.uint32)  # [g, jl, i, kb, q]
-    for j in range(4):
-        pair = np.take(np.take(src, _HOPPER_K16[j], axis=n + 4), _HOPPER_ROW8[j], axis=n + 1)  # [g, i, kb, jl, q]
-        word |= _HOPPER_TABLES[j][np.moveaxis(pair, n + 3, n + 1)]  # -> [g, jl, i, kb, q]
-    return word.astype("<u4").view(np.uint8).reshape(v.shape)
+    flat = v.reshape(-1, *v.shape[-2:])
+    out = np.empty((flat.shape[0], g, 2, 8, kb, 4), dtype="<u4")  # [g, jl, i, kb, q]
+    for e, matrix in enumerate(flat):
+        src = matrix.reshape(g, 2, 8, kb, 2, 2, 4)  # [g, rb, i, kb, t, jl, q]
+        word = np.zeros((g, 8, kb, 2, 4), dtype=np.uint32)  # [g, i, kb, jl, q]
+        for j in range(4):
+            word |= _HOPPER_TABLES[j][src[:, _HOPPER_ROW8[j], :, :, _HOPPER_K16[j]]]
+        out[e] = word.transpose(0, 3, 1, 2, 4)
+    return out.view(np.uint8).reshape(v.shape)
 
 
 def hopper_unswizzle(stored: np.ndarray) -> np.ndarray:
     """Inverse of :func:`hopper_swizzle`."""
     v = np.asarray(stored, dtype=np.uint8)
     lead, g, kb = _hopper_split(v)
-    n = len(lead)
-    word = np.ascontiguousarray(v).view("<u4").reshape(*lead, g, 2, 8, kb, 4).astype(np.uint32)  # [g, jl, i, kb, q]
-    out = np.empty((*lead, g, 2, 8, kb, 2, 2, 4), dtype=np.uint8)  # [g, rb, i, kb, t, jl, q]
-    for j, groups in enumerate(HOPPER_PAIR_BITS):
-        p = np.zeros_like(word)
-        for mask, r in groups:
-            p |= ((word << np.uint32(r)) | (word >> np.uint32((32 - r) % 32))) & np.uint32(mask) if r else word & np.uint32(mask)
-        lo, hi = p & np.uint32(0xFFFF), p >> np.uint32(16)
-        codes = [((h >> np.uint32(12)) & np.uint32(8)) | ((h >> np.uint32(6)) & np.uint32(7)) for h in (lo, hi)]
-        byte = (codes[0] | (codes[1] << np.uint32(4))).astype(np.uint8)  # [g, jl, i, kb, q]
-        out[(slice(None),) * (n + 1) + (_HOPPER_ROW8[j], slice(None), slice(None), _HOPPER_K16[j])] = \
-            np.moveaxis(byte, n + 1, n + 3)
+    flat = np.ascontiguousarray(v).reshape(-1, *v.shape[-2:])
+    out = np.empty((flat.shape[0], g, 2, 8, kb, 2, 2, 4), dtype=np.uint8)  # [g, rb, i, kb, t, jl, q]
+    for e, matrix in enumerate(flat):
+        word = matrix.view("<u4").reshape(g, 2, 8, kb, 4).transpose(0, 2, 3, 1, 4).astype(np.uint32)  # [g, i, kb, jl, q]
+        for j, groups in enumerate(HOPPER_PAIR_BITS):
+            p = np.zeros_like(word)
+            for mask, r in groups:
+                rotated = (word << np.uint32(r)) | (word >> np.uint32(32 - r)) if r else word
+                p |= rotated & np.uint32(mask)
+            lo, hi = p & np.uint32(0xFFFF), p >> np.uint32(16)
+            codes = [((h >> np.uint32(12)) & np.uint32(8)) | ((h >> np.uint32(6)) & np.uint32(7)) for h in (lo, hi)]
+            out[e, :, _HOPPER_ROW8[j], :, :, _HOPPER_K16[j]] = codes[0] | (codes[1] << np.uint32(4))
     return out.reshape(v.shape)
-
-
-def _hopper(role: str, a: np.ndarray) -> np.ndarray:
-    if role == "values":
-        return hopper_swizzle(a).view(a.dtype)
-    if role in ("scales", "bias"):
-        return a
-    raise ValueError(f"layout {TRITON_HOPPER}: unknown weight role {role!r}")
-
-
-def _hopper_inverse(role: str, a: np.ndarray) -> np.ndarray:
-    return hopper_unswizzle(a).view(a.dtype) if role == "values" else a
 
 
 def register_layout(name: str, transform: Transform, inverse: Transform) -> None:
@@ -238,8 +220,20 @@ def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False)
     return out
 
 
-def _blocksplit_inverse(role: str, a: np.ndarray) -> np.ndarray:
-    return blocksplit_unswizzle(a).view(a.dtype) if role == "values" else a
+def _values_only(name: str, swizzle, unswizzle) -> tuple[Transform, Transform]:
+    """(transform, inverse) of a layout that re-arranges the packed values and leaves scales and biases as
+    they are."""
+    def transform(role: str, a: np.ndarray) -> np.ndarray:
+        if role == "values":
+            return swizzle(a).view(a.dtype)
+        if role in ("scales", "bias"):
+            return a
+        raise ValueError(f"layout {name}: unknown weight role {role!r}")
+
+    def inverse(role: str, a: np.ndarray) -> np.ndarray:
+        return unswizzle(a).view(a.dtype) if role == "values" else a
+
+    return transform, inverse
 
 
 def _identity(role: str, a: np.ndarray) -> np.ndarray:
@@ -248,5 +242,5 @@ def _identity(role: str, a: np.ndarray) -> np.ndarray:
 
 register_layout(ROW_MAJOR, _identity, _identity)
 register_layout(TRITON_KMAJOR, _identity, _identity)
-register_layout(CPU_BLOCKSPLIT, _blocksplit, _blocksplit_inverse)
-register_layout(TRITON_HOPPER, _hopper, _hopper_inverse)
+register_layout(CPU_BLOCKSPLIT, *_values_only(CPU_BLOCKSPLIT, blocksplit_swizzle, blocksplit_unswizzle))
+register_layout(TRITON_HOPPER, *_values_only(TRITON_HOPPER, hopper_swizzle, hopper_unswizzle))

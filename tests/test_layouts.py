@@ -65,3 +65,34 @@ def test_blocksplit_puts_values_b_and_b_plus_16_in_one_byte():
     packed = (values[0::2] | (values[1::2] << 4)).reshape(1, 16)
     stored = layouts.blocksplit_swizzle(packed)
     assert [(b & 15, b >> 4) for b in stored[0].tolist()] == [(i % 16, (i + 16) % 16) for i in range(16)]
+
+
+@pytest.mark.parametrize("halves", [False, True])
+def test_hopper_layout_round_trips_through_padding(halves):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, size=(2, 40, 48), dtype=np.uint8)  # N = 40 pads to 48, K = 96 to 128
+    form = StoredForm(shape=(2, 40, 48), padded_shape=(2, 48, 64), layout=layouts.TRITON_HOPPER, role="values",
+                      pad_halves=halves)
+    stored = form.apply("w13", a)
+    assert stored.shape == (2, 48, 64) and not np.array_equal(stored[:, :40, :48], a)
+    assert np.array_equal(form.invert("w13", stored), a)
+    scales = StoredForm(shape=(2, 40, 3), padded_shape=(2, 48, 4), pad_value=127, layout=layouts.TRITON_HOPPER,
+                        role="scales")
+    assert np.array_equal(scales.invert("s", scales.apply("s", a[..., :3])), a[..., :3])
+
+
+def test_hopper_word_holds_its_pairs_at_the_documented_places():
+    """Checkpoint byte (row 8rb + i, byte 8t + 4jl + q) -> pair rb + 2t of the word at stored row 8jl + i,
+    bytes 4q..4q+3: decode that word the kernel's way and find the byte's two values."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 256, size=(16, 16), dtype=np.uint8)
+    stored = layouts.hopper_swizzle(a)
+    for rb, i, t, jl, q in [(0, 0, 0, 0, 0), (1, 3, 0, 1, 2), (0, 7, 1, 0, 3), (1, 5, 1, 1, 1)]:
+        word = int.from_bytes(bytes(stored[8 * jl + i, 4 * q:4 * q + 4]), "little")
+        pair = 0
+        for mask, r in layouts.HOPPER_PAIR_BITS[rb + 2 * t]:
+            pair |= ((word << r | word >> (32 - r)) if r else word) & mask & 0xFFFFFFFF
+        halves = [pair & 0xFFFF, pair >> 16]
+        codes = [((h >> 12) & 8) | ((h >> 6) & 7) for h in halves]
+        byte = a[8 * rb + i, 8 * t + 4 * jl + q]
+        assert codes == [byte & 15, byte >> 4]
