@@ -51,10 +51,10 @@ def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
             if missing:
                 print(f"{name}: no {', '.join(sorted(missing))} class, variant skipped", flush=True)
                 continue
-            for cls, gemm, bn, bk, w, st in variant:
-                plan = retile(plan, cls, gemm, bn, bk, w, st)
+            for cls, gemm, *tiles in variant:
+                plan = retile(plan, cls, gemm, *tiles)
             binaries, plan["cubins"] = compile_plan(plan)
-            vname = name + "@" + "+".join(f"{cls}-{gemm}-{bn}-{bk}-{w}-{st}" for cls, gemm, bn, bk, w, st in variant)
+            vname = name + "@" + "+".join("-".join(map(str, v)) for v in variant)
             write_bundle(os.path.join(out_dir, vname), plan, binaries)
             print(f"{vname}: {len(binaries)} cubins", flush=True)
 
@@ -279,9 +279,10 @@ def launch_times(torch, ex, x) -> str:
     return f"sum={total * 1e6:.1f}us " + " ".join(parts)
 
 
-def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: int, stages: int):
+def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: int, stages: int,
+           tma: int | None = None):
     """A copy of ``plan`` whose class ``cls_name`` runs GEMM ``gemm`` ("glu_gemm"/"combine_gemm") with
-    other tiles (BLOCK_M unchanged), for sweeps."""
+    other tiles (BLOCK_M unchanged; ``tma`` 0/1 switches TMA weight tiles), for sweeps."""
     import copy
 
     plan = copy.deepcopy(plan)
@@ -289,6 +290,8 @@ def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: in
     launch = next(lc for lc in cls["launches"] if plan["kernels"][lc["kernel"]]["kernel"] == gemm)
     entry = copy.deepcopy(plan["kernels"][launch["kernel"]])
     entry["constexprs"].update(BLOCK_N=block_n, BLOCK_K=block_k)
+    if tma is not None:
+        entry["constexprs"]["W_TMA"] = bool(tma)
     entry["num_warps"], entry["num_stages"] = warps, stages
     new = f"{gemm}.sweep"
     plan["kernels"][new] = entry
@@ -335,7 +338,7 @@ def main(argv=None) -> int:
     ap.add_argument("--build", metavar="DIR", help="compile plans + cubins into DIR (CPU machine with the compiler)")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--variants", default="", help="with --build: extra AOT bundles with other GEMM tiles, "
-                    "'class:gemm:N:K:warps:stages[+class:gemm:...];...' (named MODEL@class-gemm-N-K-warps-stages[+...]; "
+                    "'class:gemm:N:K:warps:stages[:tma][+class:gemm:...];...' (named MODEL@class-gemm-N-K-warps-stages[-tma][+...]; "
                     "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
     ap.add_argument("--models", default=",".join(MODELS))

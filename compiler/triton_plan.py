@@ -414,13 +414,13 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
-            W_TMA=use_tma(c13, k_contiguous and not hopper, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
+            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
             W_HOPPER=hopper, WIDE_SCALES=True),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
-            W_TMA=use_tma(c2, k_contiguous and not hopper), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
+            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
             W_HOPPER=hopper, WIDE_SCALES=True),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)

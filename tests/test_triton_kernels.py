@@ -252,6 +252,10 @@ FORWARD_CASES = {
         BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4))),
     "t40_hopper_grouped_launch_order_concat": (40, 8, 2, 96, 96, dict(layout=HOPPER, interleaved=False, config=GROUPED)),
     "t5_hopper_fp32_one_multiply": (5, 8, 2, 64, 64, dict(layout=HOPPER, dtype=torch.float32, wide_scales=False)),
+    # TMA weight tiles on the Hopper path: N = H = 160 not a multiple of BLOCK_N = 64 (rows of the next
+    # expert land in masked columns), K (160, 96) not of BLOCK_K = 64; the concatenated order falls back
+    "t7_hopper_tma": (7, 8, 4, 160, 96, dict(layout=HOPPER, config=TMA)),
+    "t7_hopper_tma_concat_falls_back": (7, 8, 2, 96, 160, dict(layout=HOPPER, config=TMA, interleaved=False)),
 }
 
 

@@ -250,6 +250,9 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         else:
             half = pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2)
             w_rows, w_mask = half + (c // (BLOCK_N // 2)) * INTERMEDIATE, half < INTERMEDIATE
+        if W_TMA:
+            tl.static_assert(INTERLEAVED, "W_TMA needs interleaved gate/up rows")
+            desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
         for k0 in range(0, HIDDEN, BLOCK_K):
@@ -257,7 +260,10 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
             s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
-            w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
+            if W_TMA:
+                w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2])
+            else:
+                w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
             acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), x.to(tl.bfloat16), acc_t)
         if not INTERLEAVED:  # [gate | up] tile rows -> the (gate, up) column pairs the epilogue splits
             acc_t = tl.permute(acc_t.reshape(2, BLOCK_N // 2, BLOCK_M), (1, 0, 2)).reshape(BLOCK_N, BLOCK_M)
@@ -321,6 +327,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
     if W_HOPPER:
+        if W_TMA:
+            desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, True)
         for k0 in range(0, INTERMEDIATE, BLOCK_K):
@@ -328,7 +336,10 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
             s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, True)
             k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
-            w = _hopper_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K)
+            if W_TMA:
+                w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2])
+            else:
+                w = _hopper_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K)
             acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
         acc = tl.trans(acc_t)
     else:

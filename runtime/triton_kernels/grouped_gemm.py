@@ -79,7 +79,7 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
              INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
              ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous and not layout.hopper, interleaved),
+             W_TMA=use_tma(config, layout.k_contiguous, interleaved),
              NUM_EXPERTS=num_experts, GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper,
              WIDE_SCALES=bool(wide_scales)),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
@@ -110,7 +110,7 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous and not layout.hopper), NUM_EXPERTS=num_experts,
+             W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts,
              GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales)),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
 

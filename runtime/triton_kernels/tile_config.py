@@ -113,17 +113,19 @@ def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
 
 
 #: Tiles of the Hopper decode path (weights decoded in registers as the MMA's left operand, so BLOCK_N
-#: is the MMA's M: 64 rows per warpgroup), per class: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M).
+#: is the MMA's M: 64 rows per warpgroup), per class: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M,
+#: weight tiles by TMA).
 #: From AOT cubins timed on the H100 (docs/nvidia.md): at 1-64 tokens the 64 x 256 weight tile on one
 #: warpgroup moved 1.7-2.1 TB/s where the dot_scaled tiles moved 1.2-1.5; at 16384 tokens the 256-row
-#: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387).
+#: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387). TMA weight tiles (the last field)
+#: work on this path too but were no faster in any class (within +-2%, mid and prefill 3-7% slower).
 HOPPER_TILES = {
-    "gemv": (16, 64, 256, 4, 3, 0),
-    "decode": (16, 64, 256, 4, 3, 0),
-    "sparse": (32, 128, 128, 4, 3, 0),
-    "mid": (64, 128, 128, 8, 3, 0),
-    "prefill": (128, 128, 64, 8, 4, 0),
-    "large": (256, 128, 64, 8, 4, 4),
+    "gemv": (16, 64, 256, 4, 3, 0, False),
+    "decode": (16, 64, 256, 4, 3, 0, False),
+    "sparse": (32, 128, 128, 4, 3, 0, False),
+    "mid": (64, 128, 128, 8, 3, 0, False),
+    "prefill": (128, 128, 64, 8, 4, 0, False),
+    "large": (256, 128, 64, 8, 4, 4, False),
 }
 
 
@@ -140,9 +142,9 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     if hopper:
         if name not in HOPPER_TILES:
             raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
-        block_m, block_n, block_k, warps, stages, group_m = HOPPER_TILES[name]
+        block_m, block_n, block_k, warps, stages, group_m, tma = HOPPER_TILES[name]
         return TileConfig(block_m, max(16, min(block_n, _pow2_at_least(N))),
-                          max(64, min(block_k, _pow2_at_least(K))), warps, stages, GROUP_M=group_m)
+                          max(64, min(block_k, _pow2_at_least(K))), warps, stages, W_TMA=tma, GROUP_M=group_m)
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
     tma, group_m = False, 0
