@@ -56,6 +56,8 @@ HOPPER_ASM_WIDE = tl.constexpr(_hopper_decode_asm(True))
 (_P3M, _P3R), (_P3MB, _P3RB) = HOPPER_PAIR_BITS[3]
 P0M, P0R, P1M, P1R, P2M, P2R, P3M, P3R, P3MB, P3RB = map(
     tl.constexpr, (_P0M, _P0R, _P1M, _P1R, _P2M, _P2R, _P3M, _P3R, _P3MB, _P3RB))
+#: a decoded pair's bits are its values times 2^-126
+TWO_126 = tl.constexpr(2.0 ** 126)
 
 
 @triton.jit
@@ -83,8 +85,8 @@ def _hopper_pair(word, MASK_A: tl.constexpr, ROT_A: tl.constexpr, MASK_B: tl.con
     p = _rotl(word, ROT_A) & MASK_A if ROT_A else word & MASK_A
     if MASK_B:
         p = p | (_rotl(word, ROT_B) & MASK_B)
-    lo = (p << 16).to(tl.float32, bitcast=True) * 8.507059173023462e+37
-    hi = (p & 0xFFFF0000).to(tl.float32, bitcast=True) * 8.507059173023462e+37
+    lo = (p << 16).to(tl.float32, bitcast=True) * TWO_126
+    hi = (p & 0xFFFF0000).to(tl.float32, bitcast=True) * TWO_126
     return tl.join(lo * factor, hi * factor)
 
 
