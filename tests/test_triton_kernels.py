@@ -304,9 +304,13 @@ def test_hopper_decode_every_code_and_scale(wide_scales):
 
 
 def test_hopper_layout_needs_whole_row_groups():
+    from mxmoe.runtime.triton_kernels.grouped_gemm import hopper_decode
+
     w = torch.zeros(1, 24, 32, dtype=torch.uint8)
     with pytest.raises(ValueError, match="N a multiple of 16"):
         HOPPER.swizzle(w, torch.zeros(1, 24, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"expected uint8 values \[N, K/2\] and scales \[N, K/32\]"):
+        hopper_decode(w[0], torch.zeros(24, 3, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------- ahead-of-time compilation
