@@ -152,6 +152,31 @@ def _dot_w_xt(w, x, acc):
 
 
 @triton.jit
+def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row, N: tl.constexpr,
+                K: tl.constexpr, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, W_TMA: tl.constexpr, WIDE_SCALES: tl.constexpr):
+    """acc^T [BLOCK_N, BLOCK_M] = W[w_rows] @ a^T over K: the Hopper path's main loop, shared by both GEMMs.
+    ``a_rows`` points at each of the BLOCK_M activation rows; ``tile_row`` is the first of ``w_rows`` (which
+    are then consecutive) for TMA loads."""
+    if W_TMA:
+        desc = _weight_descriptor(w_ptr, N, K, NUM_EXPERTS, BLOCK_N, BLOCK_K)
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    # scales prefetched one K step ahead, as in the dot_scaled loops
+    s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, 0, N, K, BLOCK_K, True)
+    for k0 in range(0, K, BLOCK_K):
+        s = s_next
+        s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, N, K, BLOCK_K, True)
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
+        if W_TMA:
+            w = desc.load([expert * N + tile_row, k0 // 2])
+        else:
+            w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, N, K, BLOCK_K)
+        acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
+    return acc_t
+
+
+@triton.jit
 def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """TMA descriptor over all experts' packed values as one [E*N, K/2] matrix: tile (expert*N + n0, k0/2)
@@ -163,7 +188,8 @@ def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLO
 
 @triton.jit
 def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Stored bytes [BLOCK_N, BLOCK_K/2] of TRITON_HOPPER values for tile rows ``rows`` (whole 16-row groups)."""
+    """Stored bytes [BLOCK_N, BLOCK_K/2] of TRITON_HOPPER values for tile rows ``rows`` (whole 16-row groups).
+    (``_value_tile(...).T`` is the same tensor, but Triton lays the transposed load out differently: other SASS.)"""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
     return tl.load(w_base + rows[:, None] * (K // 2) + kb[None, :], mask=row_mask[:, None] & (kb[None, :] < K // 2),
@@ -252,21 +278,9 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         else:
             half = pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2)
             w_rows, w_mask = half + (c // (BLOCK_N // 2)) * INTERMEDIATE, half < INTERMEDIATE
-        if W_TMA:
-            tl.static_assert(INTERLEAVED, "W_TMA needs interleaved gate/up rows")
-            desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
-        for k0 in range(0, HIDDEN, BLOCK_K):
-            s = s_next  # prefetched one K step ahead, as below
-            s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, True)
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
-            if W_TMA:
-                w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2])
-            else:
-                w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
-            acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), x.to(tl.bfloat16), acc_t)
+        tl.static_assert(INTERLEAVED or not W_TMA, "W_TMA needs interleaved gate/up rows")
+        acc_t = _hopper_mma(x_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, pid_n * BLOCK_N, 2 * INTERMEDIATE,
+                            HIDDEN, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, WIDE_SCALES)
         if not INTERLEAVED:  # [gate | up] tile rows -> the (gate, up) column pairs the epilogue splits
             acc_t = tl.permute(acc_t.reshape(2, BLOCK_N // 2, BLOCK_M), (1, 0, 2)).reshape(BLOCK_N, BLOCK_M)
         acc = tl.trans(acc_t)
@@ -329,21 +343,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
     if W_HOPPER:
-        if W_TMA:
-            desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, True)
-        for k0 in range(0, INTERMEDIATE, BLOCK_K):
-            s = s_next
-            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K, True)
-            k = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
-            if W_TMA:
-                w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2])
-            else:
-                w = _hopper_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K)
-            acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
-        acc = tl.trans(acc_t)
+        acc = tl.trans(_hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, cols, col_mask, pid_n * BLOCK_N, HIDDEN,
+                                   INTERMEDIATE, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, WIDE_SCALES))
     else:
         if W_TMA:
             tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
