@@ -139,16 +139,14 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     """
     if gemm not in ("glu", "combine"):
         raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
+    # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
+    # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
+    tma, group_m = False, 0
     if hopper:
         if name not in HOPPER_TILES:
             raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
         block_m, block_n, block_k, warps, stages, group_m, tma = HOPPER_TILES[name]
-        return TileConfig(block_m, max(16, min(block_n, _pow2_at_least(N))),
-                          max(64, min(block_k, _pow2_at_least(K))), warps, stages, W_TMA=tma, GROUP_M=group_m)
-    # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
-    # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
-    tma, group_m = False, 0
-    if name == "gemv":
+    elif name == "gemv":
         # About one row per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
         # small CTAs (narrow N, 2 warps) and issue long K loads.
         block_m, block_n, block_k, warps, stages = 16, 32, 256, 2, 4
@@ -177,7 +175,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
         block_m, block_n, block_k, warps, stages, group_m = 256, 128, 64, 8, 4, 4
     else:
         raise ValueError(f"unknown shape class {name!r} (known: gemv, decode, sparse, mid, prefill, large)")
-    if arch >= 100 and name in ("mid", "prefill"):
+    if arch >= 100 and not hopper and name in ("mid", "prefill"):
         # Blackwell's native MXFP4 MMA likes wide N tiles; the operands stay within shared memory.
         # (Compile-only here: no Blackwell GPU has run these. "large" keeps 128-wide N: its 256 x 256
         # fp32 accumulator would fill all of tensor memory.)
