@@ -50,3 +50,15 @@ def _near_tie_tokens(logits, k: int):
 def near_tie_tokens():
     """``near_tie_tokens(logits [T, E], k)`` -> bool [T]: tokens whose routing may legitimately differ."""
     return _near_tie_tokens
+
+
+@pytest.fixture
+def linalg_matvec(monkeypatch):
+    """Compile the cpu target without its C microkernel (``MXMOE_CPU_UKERNEL=0``): the pure-linalg matvec
+    forms that the microkernel replaces at few tokens stay tested."""
+    from mxmoe.compiler.ukernels import matvec_object
+
+    monkeypatch.setenv("MXMOE_CPU_UKERNEL", "0")
+    matvec_object.cache_clear()
+    yield
+    matvec_object.cache_clear()

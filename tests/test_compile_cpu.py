@@ -130,7 +130,7 @@ def test_all_tokens_on_one_expert(one_expert):
     ids = torch.ops.mxmoe.route(torch.nn.functional.linear(x, moe.router_weight, moe.router_bias), 1,
                                 "topk_softmax", False)[1]
     assert (ids == 5).all()
-    check_tokens(cm, moe, tokens=(1, 64, 333))
+    check_tokens(cm, moe, tokens=(1, 5, 32, 64, 333))  # 32: one expert, 8 row groups in the microkernel
 
 
 def test_experts_with_no_tokens_do_not_matter(one_expert):
@@ -213,7 +213,7 @@ def test_scaling_extf_decode_variant(monkeypatch):
 
 
 @pytest.mark.parametrize("form,decode,readback", [("lanes8", "int", "separate"), ("lanes8", "signmag", "packed")])
-def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
+def test_matvec_fallback_variants(monkeypatch, linalg_matvec, form, decode, readback):
     """The first lane matvec (8 lanes, ``code_value_lines`` decode, three read backs per expert) and its
     sign/magnitude decode stay selectable and exact; the default is the block matvec (docs/cpu.md)."""
     from mxmoe.compiler.passes.lowering import cpu_grouped
@@ -226,7 +226,7 @@ def test_matvec_fallback_variants(monkeypatch, form, decode, readback):
     check_tokens(cm, moe, tokens=(1, 7, 64))
 
 
-def test_read_back_all_and_per_iteration_expert_loops_agree(monkeypatch):
+def test_read_back_all_and_per_iteration_expert_loops_agree(monkeypatch, linalg_matvec):
     """Up to READBACK_ALL_SLOTS slots the expert loop reads the first READBACK_ENTRIES entries back before it
     starts (later ones in their iteration); above, one read back per iteration. All give bit-identical
     outputs."""
@@ -245,7 +245,7 @@ def test_read_back_all_and_per_iteration_expert_loops_agree(monkeypatch):
     check_tokens(upfront, moe, tokens=(1, 2, 17))
 
 
-def test_block_matvec_signmag_decode_variant(monkeypatch):
+def test_block_matvec_signmag_decode_variant(monkeypatch, linalg_matvec):
     """The block matvec's previous nibble decode (f32 bit ops) stays selectable and exact."""
     from mxmoe.compiler.passes.lowering import cpu_grouped
 
@@ -270,11 +270,15 @@ def test_contraction_reading_input_type_rows_variant(monkeypatch):
     check_tokens(cm, moe, tokens=(5, 333))
 
 
-def test_every_code_and_extreme_scales_through_the_matvec():
+@pytest.mark.parametrize("path", ["microkernel", "linalg"])
+def test_every_code_and_extreme_scales_through_the_matvec(path, request):
     """Every byte value (both nibbles: all 16 e2m1 codes incl. -0 and the subnormal 0.5) in the w13 and w2
     weights, with block scales from 2^-127 (e8m0 byte 0, an f32 subnormal) to 2^13, through the matvec the
-    few-token path uses (the f16 decode and its 2^14 correction): bit-identical to the reference would be
-    too strict (sum order), so the usual bound, and a NaN scale (0xFF) must give NaN where it is used."""
+    few-token path uses (the C microkernel, or the linalg one with its f16 decode and 2^14 correction):
+    bit-identical to the reference would be too strict (sum order), so the usual bound, and a NaN scale
+    (0xFF) must give NaN where it is used."""
+    if path == "linalg":
+        request.getfixturevalue("linalg_matvec")
     moe = MoE.random(TINY, seed=11)
     with torch.no_grad():
         for w in (moe.w13, moe.w2):
@@ -283,6 +287,7 @@ def test_every_code_and_extreme_scales_through_the_matvec():
             pattern = torch.tensor([0, 1, 100, 118, 120, 127, big], dtype=torch.uint8)
             s.copy_(pattern[torch.arange(s.numel()) % len(pattern)].view(s.shape))
     cm = mxmoe.compile(moe, target="cpu")
+    assert ("stream.executable" in cm.mlir) == (path == "microkernel")
     for T in (1, 2, 7):
         x = inputs(T, moe.config.hidden, 100 + T)
         ref, out = moe(x).float(), cm(x).float()

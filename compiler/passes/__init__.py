@@ -28,7 +28,7 @@ REGISTRY: dict[str, Callable[[str | None], Callable]] = {
     fuse.NAME: lambda opt: _no_option(fuse, opt),
     pad.NAME: lambda opt: pad.make(opt or "32"),
     assign_layout.NAME: lambda opt: assign_layout.make(opt or "mxfp4-rowmajor"),
-    lower_to_linalg.NAME: lambda opt: _no_option(lower_to_linalg, opt),
+    lower_to_linalg.NAME: lower_to_linalg.make,
 }
 
 DESCRIPTIONS = {m.NAME: (m.__doc__ or "").strip().split("\n")[0] for m in

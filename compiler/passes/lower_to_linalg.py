@@ -34,7 +34,7 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView, VerifyError, shape
-from mxmoe.compiler.passes.lowering import cpu_grouped
+from mxmoe.compiler.passes.lowering import cpu_grouped, cpu_ukernel
 from mxmoe.compiler.passes.lowering.text import (Body, amap, empty, filled, from_f32_lines, generic, round_to,
                                                  to_f32_lines, tt)
 
@@ -233,7 +233,8 @@ def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str
     return _round(b, red, [None, h], yel, [T])
 
 
-def _matmul_func(fname: str, v: OpView) -> str:
+def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]:
+    """The private function (and, with a cpu ``ukernel`` object, the microkernel's executable before it)."""
     ts = v.operand_types()
     has_bias = v.attr("has_bias")
     x, ids, w, s = ts[:4]
@@ -248,9 +249,15 @@ def _matmul_func(fname: str, v: OpView) -> str:
     b = _Body()
     c0 = b.const(0, "index")
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
+    extra = []
     if _layout(v) == cpu_grouped.LAYOUT:
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
-        ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
+        exe = None
+        # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
+        if ukernel is not None and xel in cpu_ukernel.ACTIVATION_TYPES:
+            exe = f"{fname}_ukernel"
+            extra.append(cpu_ukernel.executable_text(exe, ukernel, e, n, kk, bias[1] if bias else None))
+        ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T, ukernel=exe)
         rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
         mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
@@ -266,7 +273,7 @@ def _matmul_func(fname: str, v: OpView) -> str:
         result = _combine_apply(b, rounded, [None, k, n], xel, "%weights", T)
         rt = _tt([None, n], xel)
     b.raw(f"return {result} : {rt}")
-    return f"func.func private @{fname}({', '.join(args)}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"
+    return extra + [f"func.func private @{fname}({', '.join(args)}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"]
 
 
 def _glu_func(fname: str, v: OpView) -> str:
@@ -295,12 +302,16 @@ def _combine_func(fname: str, v: OpView) -> str:
 
 _EMITTERS = {
     "mxmoe.route": _route_func,
-    "mxmoe.grouped_matmul": _matmul_func,
-    "mxmoe.grouped_matmul_glu": _matmul_func,
-    "mxmoe.grouped_matmul_combine": _matmul_func,
     "mxmoe.glu": _glu_func,
     "mxmoe.combine": _combine_func,
 }
+
+
+def _emit(fname: str, v: OpView, ukernel: str | None) -> list[str]:
+    """Texts of the module-level ops that lower ``v`` (a function, after the executable it dispatches)."""
+    if v.name.startswith("mxmoe.grouped_matmul"):
+        return _matmul_func(fname, v, ukernel)
+    return [_EMITTERS[v.name](fname, v)]
 
 LAYOUT_ATTR = "mxmoe.layout"
 ROW_MAJOR = "mxfp4-rowmajor"
@@ -326,7 +337,21 @@ def _signature_key(op: ir.Operation) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-def run(module_op: ir.Operation) -> None:
+def make(option: str | None):
+    """``ukernel=PATH``: link the cpu microkernel object at PATH (``mxmoe.compiler.ukernels``) and use it for
+    the blocksplit layout's few-token matvec; without it the pass emits linalg only."""
+    ukernel = None
+    if option:
+        key, eq, value = option.partition("=")
+        if key.strip() != "ukernel" or not eq or not value.strip():
+            raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected 'ukernel=PATH')")
+        ukernel = value.strip()
+        if '"' in ukernel or "\\" in ukernel:
+            raise VerifyError(f"pass '{NAME}': the ukernel path may not contain quotes or backslashes: {ukernel}")
+    return lambda module_op: run(module_op, ukernel)
+
+
+def run(module_op: ir.Operation, ukernel: str | None = None) -> None:
     module_body = module_op.regions[0].blocks[0]
     emitted: set[str] = set()
     for op in dialect.walk_mxmoe(module_op):
@@ -335,12 +360,12 @@ def run(module_op: ir.Operation) -> None:
         _check_layout(v)
         fname = op.name.replace(".", "_") + "_" + _signature_key(op)
         if fname not in emitted:
-            text = _EMITTERS[op.name](fname, v)
-            try:
-                func = ir.Operation.parse(text)
-            except Exception as exc:  # a bug in the emitter, not bad user input
-                raise VerifyError(f"{op.location}: internal error lowering '{op.name}': {exc}\n{text}") from exc
-            ir.InsertionPoint(module_body).insert(func)
+            for text in _emit(fname, v, ukernel):
+                try:
+                    parsed = ir.Operation.parse(text)
+                except Exception as exc:  # a bug in the emitter, not bad user input
+                    raise VerifyError(f"{op.location}: internal error lowering '{op.name}': {exc}\n{text}") from exc
+                ir.InsertionPoint(module_body).insert(parsed)
             emitted.add(fname)
         with ir.InsertionPoint(op), op.location:
             call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=list(op.operands),

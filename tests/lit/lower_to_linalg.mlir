@@ -71,8 +71,6 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: arith.extf %{{.+}} : bf16 to f32
 // CHECK-NOT: outs(%{{.+}} : tensor<?x64xbf16>)
 // 3. a host loop whose trip count is the number of distinct experts picked (not E)
-// CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
-// CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
 // up to 64 slots (T*k) and 32 tokens (so every expert takes the matvec): every expert's entry read back
 // before the loop (one wait); each iteration picks its entry on the host (scf.index_switch over the E = 4
 // entries), so the host never waits between experts
@@ -80,6 +78,9 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: %[[FT:.+]] = arith.cmpi ule, %{{.+}}, %{{.+}} : index
 // CHECK: %[[FEW:.+]] = arith.andi %[[FS]], %[[FT]] : i1
 // CHECK: %[[YS:.+]] = scf.if %[[FEW]] -> (tensor<?x64xf32>)
+// each loop form reads the number of used experts back (the loop's trip count) inside its branch
+// CHECK: %[[NU32:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
+// CHECK: %[[NU:.+]] = arith.index_cast %[[NU32]] : i32 to index
 // CHECK-COUNT-4: tensor.extract %[[INFO]][%{{.+}}] : tensor<4xi64>
 // CHECK: scf.for %[[UA:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args
 // CHECK-NOT: tensor.extract %[[INFO]]
@@ -90,7 +91,9 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // otherwise each iteration reads the expert's id, then its offset and rows back (dependent reads: one
 // expert's work in flight at a time, which keeps local-task from holding on to memory)
 // CHECK: } else {
-// CHECK: %[[YSF:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NU]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
+// CHECK: %[[NU32F:.+]] = tensor.extract %[[NUSED]][] : tensor<i32>
+// CHECK: %[[NUF:.+]] = arith.index_cast %[[NU32F]] : i32 to index
+// CHECK: %[[YSF:.+]] = scf.for %[[U:.+]] = %{{.+}} to %[[NUF]] step %{{.+}} iter_args(%{{.+}} = %{{.+}}) -> (tensor<?x64xf32>)
 // CHECK-NOT: tensor<4xi64>
 // CHECK: %[[UID:.+]] = tensor.extract %[[USED]][%[[U]]] : tensor<4xi32>
 // CHECK: %[[EI:.+]] = arith.index_cast %[[UID]] : i32 to index

@@ -44,7 +44,7 @@ consecutive bytes line up with 8 consecutive activations; scales and biases are 
 
 from __future__ import annotations
 
-from mxmoe.compiler.passes.lowering import mxfp4
+from mxmoe.compiler.passes.lowering import cpu_ukernel, mxfp4
 from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
@@ -332,10 +332,13 @@ def _sort_slots(b: Body, ids_flat: str, S: str, e: int) -> dict[str, str]:
 
 
 def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                        T: str) -> tuple[str, str]:
+                        T: str, ukernel: str | None = None) -> tuple[str, str]:
     """Sorted-order result ``ys`` [T*k, n] f32 (bias added) and ``pos`` [T*k] i32 (slot -> sorted row).
 
-    Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope.
+    Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``ukernel``: the name
+    of a ``stream.executable`` from :func:`cpu_ukernel.executable_text` (same e, n, kk and bias type); up
+    to ``SMALL_ROWS`` tokens every expert then runs in one dispatch of the C microkernel instead of the
+    expert loop.
     """
     if e > 0xFFFF:
         raise ValueError(f"cpu grouped matmul: {e} experts do not fit the 16-bit expert field of the loop's packed table")
@@ -357,8 +360,6 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         if DECODE_FOR_MATMUL == "scaling_extf" else None
     mv_rows = (xs_f32, "f32") if rows_f32 else (xs, xel)
     mm_rows = (xs_dec, xel) if xs_dec is not None else (xs_f32, "f32") if mm_f32 else (xs, xel)
-    nu32 = b.v(f"tensor.extract {srt['nused']}[] : {tt([], 'i32')}", "nu")
-    nu = b.v(f"arith.index_cast {nu32} : i32 to index", "nu")
     ys0 = empty(b, [None, n], "f32", [S])
     ys_t = tt([None, n], "f32")
     evec = tt([e], "i32")
@@ -416,6 +417,8 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
         back before the loop (one wait) and each iteration picks its entry on the host, so the host never
         waits on the device between experts; "packed" ("separate") reads one i64 (three dependent i32) back
         per iteration."""
+        nu32 = fb.v(f"tensor.extract {srt['nused']}[] : {tt([], 'i32')}", "nu")  # a read back
+        nu = fb.v(f"arith.index_cast {nu32} : i32 to index", "nu")
         if readback == "all":  # used experts come first in info: the first READBACK_ENTRIES of them
             packs = [fb.v(f"tensor.extract {srt['info']}[{fb.const(u, 'index')}] : {tt([e], 'i64')}", "pk")
                      for u in range(min(e, READBACK_ENTRIES))]
@@ -443,7 +446,19 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
         return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
 
-    if READBACK_ALL_SLOTS:
+    if ukernel is not None:
+        if mv_rows[1] != "f32":
+            raise ValueError("cpu microkernel: needs the f32 activation rows (MATVEC_F32_ROWS)")
+
+        def microkernel(tb: Body) -> str:
+            xq, xsc = cpu_ukernel.quantize_rows(tb, mv_rows[0], S, kk)
+            ys = cpu_ukernel.matvec_dispatch(tb, ukernel, xq, xsc, e, n, kk, bias, srt["info"], srt["nused"], S)
+            return tb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
+
+        # every expert has at most T rows (one per token): the microkernel's row groups cover them
+        few_rows = b.v(f"arith.cmpi ule, {T}, {b.const(SMALL_ROWS, 'index')} : index", "few")
+        ys = scf_if(b, few_rows, ys_t, microkernel, lambda eb: loop_form(eb, LOOP_READBACK), "ys")
+    elif READBACK_ALL_SLOTS:
         # Only while no expert can have more than SMALL_ROWS rows (an expert gets at most one row per
         # token): queueing every expert's work at once with the decode-once kernel's large transients is
         # what makes local-task keep memory (docs/cpu.md).

@@ -1,0 +1,267 @@
+"""The cpu target's C microkernel (compiler/ukernels/mxfp4_matvec.c) and the lowering that dispatches it.
+
+Three levels: the kernel alone (built as a shared library, called through ctypes, against a float64
+numpy reference that implements the documented activation format independently), whole layers compiled
+for cpu at shapes that exercise its edges (an odd block count, a partial output tile, one expert with 32
+rows, top_k 1 and 4, f16 activations and bias; f32 layers stay on the exact linalg matvec), and the build/fallback logic (cached object, no C
+compiler, switched off, an artifact that runs after the object is gone).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import mxmoe
+import mxmoe.runtime
+from mxmoe.compiler import pipeline, ukernels
+from mxmoe.config import PRESETS
+from mxmoe.torch_frontend.moe import MoE
+
+TINY = PRESETS["tiny"]
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.float(), ref.float()
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+# ------------------------------------------------------------------------------------- the kernel alone
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    if ukernels.matvec_object().path is None:
+        pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
+    lib = tmp_path_factory.mktemp("uk") / "mxfp4_matvec.so"
+    cc = ukernels._compiler()
+    subprocess.run([cc, *[f for f in ukernels.CFLAGS if f != "-fvisibility=hidden"], "-shared",
+                    str(ukernels.SOURCE), "-o", str(lib)], check=True)
+    return getattr(ctypes.CDLL(str(lib)), ukernels.MATVEC_SYMBOL)
+
+
+def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [R, K] f32 -> the kernel's (xq [R, 64 np] int16, xs [R, 8 np] f32), from the format's description,
+    and the values they stand for ([R, K] float64, natural order)."""
+    R, K = x.shape
+    nb = K // 32
+    npairs = (nb + 1) // 2
+    blocks = x.reshape(R, nb, 32).astype(np.float64)
+    m = np.abs(blocks).max(2)
+    e = np.clip(np.floor(np.log2(np.where(m > 0, m, 1.0))), -100, 127)
+    q = np.clip(np.rint(blocks * np.exp2(14 - e)[..., None]), -32767, 32767).astype(np.int16)
+    qp = np.zeros((R, 2 * npairs, 32), np.int16)
+    qp[:, :nb] = q
+    sp = np.zeros((R, 2 * npairs), np.float32)
+    sp[:, :nb] = np.exp2(e - 14)
+    xq = qp.reshape(R, npairs, 2, 4, 8).transpose(0, 1, 3, 2, 4).reshape(R, -1)  # [pair][j][block of pair][8]
+    xs = np.repeat(sp.reshape(R, npairs, 2, 1), 4, axis=3).reshape(R, -1)
+    x_hat = (q * np.exp2(e - 14)[..., None]).reshape(R, K)
+    return np.ascontiguousarray(xq), np.ascontiguousarray(xs), x_hat
+
+
+def memref(a: np.ndarray) -> list:
+    p = ctypes.c_void_p(a.ctypes.data)
+    return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
+
+
+def run_kernel(fn, x, w, s, bias, bias_kind, rows, tile_n=64):
+    """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order."""
+    E, N, kh = w.shape
+    K = 2 * kh
+    xq, xs, _ = quantize(x)
+    info = np.zeros(E, np.int64)
+    first = 0
+    for u, r in enumerate(rows):
+        info[u] = u | first << 16 | r << 40
+        first += r
+    nused = np.array([len(rows)], np.int32)
+    out = np.full((x.shape[0], N), np.nan, np.float32)
+    for u in range(E):  # slots past nused must return without writing
+        for t in range(-(-N // tile_n)):
+            fn(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(nused),
+               *memref(out), ctypes.c_size_t(N), ctypes.c_size_t(K), ctypes.c_size_t(bias_kind),
+               ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
+    return out
+
+
+def reference(x, w, s, bias_f32, rows):
+    """float64: x @ dequant(w[e])^T + bias[e] for each expert's rows (blocksplit layout)."""
+    E, N, kh = w.shape
+    K = 2 * kh
+    out = np.zeros((x.shape[0], N))
+    first = 0
+    for u, r in enumerate(rows):
+        b = w[u].reshape(N, K // 32, 16)
+        dec = np.concatenate([E2M1[b & 15], E2M1[b >> 4]], axis=2) * np.exp2(s[u].astype(np.float64) - 127)[..., None]
+        out[first:first + r] = x[first:first + r].astype(np.float64) @ dec.reshape(N, K).T + bias_f32[u]
+        first += r
+    return out
+
+
+@pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
+    (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), 5 rows = a group of 4 and 1, bf16 bias
+    (2, 64, 64, [2, 4], 2, 32),        # f32 bias, one pair
+    (4, 128, 2880, [1, 1, 8, 2], 3, 64),  # gpt-oss K (90 blocks), f16 bias
+    (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile, 5 blocks
+    (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
+])
+def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n):
+    rng = np.random.default_rng(E * N + K)
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    s = rng.integers(118, 132, (E, N, K // 32), dtype=np.uint8)
+    b32 = rng.standard_normal((E, N)).astype(np.float32)
+    if bias_kind == 1:
+        bt = torch.from_numpy(b32).bfloat16()
+        bias, bias_f32 = bt.view(torch.int16).numpy(), bt.float().numpy()
+    elif bias_kind == 3:
+        bias, bias_f32 = b32.astype(np.float16), b32.astype(np.float16).astype(np.float32)
+    elif bias_kind == 2:
+        bias, bias_f32 = b32, b32
+    else:
+        bias, bias_f32 = np.zeros(1, np.float32), np.zeros_like(b32)
+    x = torch.randn(sum(rows), K, generator=torch.Generator().manual_seed(K)).bfloat16().float().numpy()
+    out = run_kernel(kernel, x, w, s, bias, bias_kind, rows, tile_n)
+    # the kernel's arithmetic is exact up to f32 accumulation: compare with the values it was given
+    ref = reference(quantize(x)[2], w, s, bias_f32, rows)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-6
+
+
+def test_kernel_every_code_nan_scale_and_small_activations(kernel):
+    """All 256 weight bytes, scale bytes 0 (2^-127) and 255 (NaN), and activations spanning 2^-20..2^6
+    within a block: a bf16 value within 2^7 of its block's largest is exact in int16, smaller ones are
+    rounded to 2^-15 of that power of two at most."""
+    N, K = 64, 256
+    w = (np.arange(N * K // 2) % 256).astype(np.uint8).reshape(1, N, K // 2)
+    s = np.full((1, N, K // 32), 127, np.uint8)
+    s[0, :, 1] = 0
+    s[0, 5, 3] = 255  # output 5 reads a NaN scale
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(1))
+    x = (x * torch.exp2(torch.randint(-20, 7, (2, K), generator=torch.Generator().manual_seed(2)))).bfloat16()
+    x = x.float().numpy()
+    out = run_kernel(kernel, x, w, s, np.zeros(1, np.float32), 0, [2])
+    ref = reference(x, w, np.where(s == 255, 127, s), np.zeros((1, N)), [2])
+    assert np.isnan(out[:, 5]).all()
+    keep = np.arange(N) != 5
+    err = np.abs(out[:, keep] - ref[:, keep])
+    # per output: 32 products per block, each activation off by at most half a step of its block
+    steps = np.exp2(np.floor(np.log2(np.abs(x.reshape(2, -1, 32)).max(2))) - 15)
+    bound = 6 * 32 * steps.sum(1, keepdims=True) + 1e-6 * np.abs(ref[:, keep])
+    assert (err <= bound).all()
+
+
+# ------------------------------------------------------------------------------ whole layers, compiled
+AWKWARD = {
+    # hidden 96 = 3 blocks (a lone last block in the kernel), w13 N = 192 = 3 tiles, w2 N = 96 = 1.5 tiles
+    "odd-blocks-bias": TINY.replace(hidden=96, intermediate=96, num_experts=8, top_k=4),
+    "top1-nobias": TINY.replace(top_k=1, bias=False, routing="softmax_topk"),
+    "gate-up-split-silu": TINY.replace(interleaved=False, activation="silu"),
+}
+
+
+@pytest.mark.parametrize("name", list(AWKWARD))
+def test_awkward_layers_through_the_microkernel(name):
+    moe = MoE.random(AWKWARD[name], seed=21)
+    cm = mxmoe.compile(moe, target="cpu")
+    assert "stream.executable" in cm.mlir and ukernels.MATVEC_SYMBOL in cm.mlir
+    for T in (1, 2, 5, 32, 33):  # 33: the expert loop
+        x = torch.randn(T, moe.config.hidden, generator=torch.Generator().manual_seed(T)).bfloat16()
+        assert rel_err(cm(x), moe(x)) < 1e-2, (name, T)
+
+
+def test_f32_layers_keep_the_exact_linalg_matvec():
+    """int16 activations would show at f32 precision: an f32 layer is lowered without the microkernel and
+    matches the reference to f32 accuracy."""
+    moe = MoE.random(TINY, seed=22, dtype=torch.float32)
+    cm = mxmoe.compile(moe, target="cpu")
+    assert "stream.executable" not in cm.mlir
+    for T in (1, 7):
+        x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T))
+        assert rel_err(cm(x), moe(x)) < 1e-5, T
+
+
+def test_f16_layer_through_the_microkernel():
+    moe = MoE.random(TINY, seed=26, dtype=torch.float16)
+    cm = mxmoe.compile(moe, target="cpu")
+    assert "memref<?xf16>, memref<?xi64>" in cm.mlir  # the f16 bias reaches the kernel as f16
+    for T in (1, 7):
+        x = torch.randn(T, TINY.hidden, generator=torch.Generator().manual_seed(T)).half()
+        assert rel_err(cm(x), moe(x)) < 1e-2, T
+
+
+# --------------------------------------------------------------------------------- build and fallback
+def test_object_is_built_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path))
+    ukernels.matvec_object.cache_clear()
+    try:
+        first = ukernels.matvec_object()
+        if first.path is None:
+            pytest.skip(first.reason)
+        assert first.path.startswith(str(tmp_path)) and first.path.endswith(".o")
+        mtime = os.stat(first.path).st_mtime_ns
+        ukernels.matvec_object.cache_clear()
+        again = ukernels.matvec_object()
+        assert again.path == first.path and os.stat(again.path).st_mtime_ns == mtime
+    finally:
+        ukernels.matvec_object.cache_clear()
+
+
+def test_without_a_c_compiler_the_linalg_matvec_is_used_with_a_warning(monkeypatch):
+    monkeypatch.setattr(ukernels, "_compiler", lambda: None)
+    ukernels.matvec_object.cache_clear()
+    pipeline._warn_once.cache_clear()
+    try:
+        assert "no C compiler" in ukernels.matvec_object().reason
+        moe = MoE.random(TINY, seed=23)
+        with pytest.warns(UserWarning, match="microkernel is not available .*no C compiler"):
+            cm = mxmoe.compile(moe, target="cpu")
+        assert "stream.executable" not in cm.mlir
+        x = torch.randn(3, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
+        assert rel_err(cm(x), moe(x)) < 1e-2
+    finally:
+        ukernels.matvec_object.cache_clear()
+
+
+def test_switched_off_by_environment(linalg_matvec):
+    assert ukernels.matvec_object().path is None and "MXMOE_CPU_UKERNEL" in ukernels.matvec_object().reason
+    cm = mxmoe.compile(MoE.random(TINY, seed=24), target="cpu")
+    assert "stream.executable" not in cm.mlir
+
+
+def test_a_failing_compiler_is_reported(monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MXMOE_CC", str(fake))
+    monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path / "cache"))
+    ukernels.matvec_object.cache_clear()
+    try:
+        uk = ukernels.matvec_object()
+        assert uk.path is None and "failed on mxfp4_matvec.c" in uk.reason and "no such thing" in uk.reason
+    finally:
+        ukernels.matvec_object.cache_clear()
+
+
+def test_saved_artifact_runs_without_the_object(tmp_path, monkeypatch):
+    """The object is linked into the module: the artifact runs after it is deleted (the deploy machine
+    needs no compiler and no cache)."""
+    monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path / "cache"))
+    ukernels.matvec_object.cache_clear()
+    try:
+        moe = MoE.random(TINY, seed=25)
+        cm = mxmoe.compile(moe, target="cpu")
+        obj = ukernels.matvec_object().path
+        if obj is None:
+            pytest.skip(ukernels.matvec_object().reason)
+        cm.save(tmp_path / "layer.mxmoe")
+        os.unlink(obj)
+        loaded = mxmoe.runtime.load(tmp_path / "layer.mxmoe")
+        x = torch.randn(2, TINY.hidden, generator=torch.Generator().manual_seed(2)).bfloat16()
+        assert rel_err(loaded(torch.as_tensor(x)), moe(x)) < 1e-2
+    finally:
+        ukernels.matvec_object.cache_clear()
