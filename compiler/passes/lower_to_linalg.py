@@ -9,9 +9,11 @@ inlines it. The token count stays dynamic.
 * grouped_matmul (+glu / +combine), by the op's ``mxmoe.layout``:
 
   - ``cpu-mxfp4-blocksplit`` (the cpu target): the grouped schedule of ``lowering/cpu_grouped.py``:
-    slots sorted by expert on the device, a host loop over the experts the routing actually picked,
-    each expert's weights an ``extract_slice`` of the parameter read once, the decode fused into a
-    vectorized lane matvec (few rows) or done once per expert before a contraction (many rows).
+    slots sorted by expert on the device; then, with the pass option ``ukernel=PATH``, one dispatch of
+    the C microkernel for every used expert (``lowering/cpu_ukernel.py``; bf16/f16 activations), else a
+    host loop over the experts the routing actually picked, each expert's weights an ``extract_slice``
+    of the parameter read once, the decode fused into a vectorized lane matvec (few rows) or done once
+    per expert before a contraction (many rows).
   - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the portable form: the
     routed expert's packed bytes and scales are read with ``tensor.extract`` at ``ids[t, j]`` inside one
     reduction generic, each e2m1 nibble decoded with integer ops to an f32 bit pattern and multiplied by

@@ -10,7 +10,10 @@ rows are grouped by expert so that each used expert's weights are read once:
    at 2048 slots; never any weight traffic.
 2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies), as f32
    rows read by both kernels below (``MATVEC_F32_ROWS``, ``MATMUL_F32_ROWS``).
-3. *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
+3. with the C microkernel linked (the cpu target's default, :mod:`cpu_ukernel`): the rows are quantized
+   to int16 per 32-value block and *one dispatch* of the kernel computes every used expert's rows, the
+   expert table read on the device. Without it (no C compiler, ``MXMOE_CPU_UKERNEL=0``, f32 activations):
+   a *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
    routing picked, so an expert no token chose costs nothing; each used expert has one packed i64,
    ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots and ``SMALL_ROWS`` tokens all
    of them are read back before the loop and each iteration picks its own on the host, so the host never
@@ -336,9 +339,9 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
     """Sorted-order result ``ys`` [T*k, n] f32 (bias added) and ``pos`` [T*k] i32 (slot -> sorted row).
 
     Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``ukernel``: the name
-    of a ``stream.executable`` from :func:`cpu_ukernel.executable_text` (same e, n, kk and bias type); up
-    to ``SMALL_ROWS`` tokens every expert then runs in one dispatch of the C microkernel instead of the
-    expert loop.
+    of a ``stream.executable`` from :func:`cpu_ukernel.executable_text` (same e, n, kk and bias type): every
+    used expert then runs in one dispatch of the C microkernel instead of the expert loop (3-4x faster at
+    every token count measured, 1 to 2048; docs/cpu.md).
     """
     if e > 0xFFFF:
         raise ValueError(f"cpu grouped matmul: {e} experts do not fit the 16-bit expert field of the loop's packed table")
@@ -446,18 +449,11 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
         return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
 
-    if ukernel is not None:
+    if ukernel is not None:  # every used expert in one dispatch of the C kernel, at any token count
         if mv_rows[1] != "f32":
             raise ValueError("cpu microkernel: needs the f32 activation rows (MATVEC_F32_ROWS)")
-
-        def microkernel(tb: Body) -> str:
-            xq, xsc = cpu_ukernel.quantize_rows(tb, mv_rows[0], S, kk)
-            ys = cpu_ukernel.matvec_dispatch(tb, ukernel, xq, xsc, e, n, kk, bias, srt["info"], srt["nused"], S)
-            return tb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
-
-        # every expert has at most T rows (one per token): the microkernel's row groups cover them
-        few_rows = b.v(f"arith.cmpi ule, {T}, {b.const(SMALL_ROWS, 'index')} : index", "few")
-        ys = scf_if(b, few_rows, ys_t, microkernel, lambda eb: loop_form(eb, LOOP_READBACK), "ys")
+        xq, xsc = cpu_ukernel.quantize_rows(b, mv_rows[0], S, kk)
+        ys = cpu_ukernel.matvec_dispatch(b, ukernel, xq, xsc, e, n, kk, bias, srt["info"], srt["nused"], S)
     elif READBACK_ALL_SLOTS:
         # Only while no expert can have more than SMALL_ROWS rows (an expert gets at most one row per
         # token): queueing every expert's work at once with the decode-once kernel's large transients is
