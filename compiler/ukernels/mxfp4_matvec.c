@@ -63,8 +63,9 @@ static inline float weight_scale(uint32_t b) {
 #define CHUNK_PAIRS 256
 
 /* The scales of block pairs [p0, p1) of a row with nb blocks, as dot_rows reads them: per pair
- * [scale of block 2p] x 4 then [scale of block 2p + 1] x 4 (0 for a block at or past nb). */
-static void weight_scales(const uint8_t *srow, size_t nb, size_t p0, size_t p1, float *out) {
+ * [scale of block 2p] x 4 then [scale of block 2p + 1] x 4 (0 for a block at or past nb); times the
+ * activation scales xs (same order) when given. */
+static void weight_scales(const uint8_t *srow, size_t nb, size_t p0, size_t p1, const float *xs, float *out) {
   const __m256i one = _mm256_set1_epi32(1), fe = _mm256_set1_epi32(0xFE), bit22 = _mm256_set1_epi32(1 << 22);
   const __m256 inv512 = _mm256_set1_ps(1.0f / 512.0f);
   const __m256i q0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), q1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
@@ -80,12 +81,17 @@ static void weight_scales(const uint8_t *srow, size_t nb, size_t p0, size_t p1, 
     _mm256_storeu_ps(o + 8, _mm256_permutevar8x32_ps(f, q1));
     _mm256_storeu_ps(o + 16, _mm256_permutevar8x32_ps(f, q2));
     _mm256_storeu_ps(o + 24, _mm256_permutevar8x32_ps(f, q3));
+    if (xs)
+      for (int i = 0; i < 4; ++i)
+        _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), _mm256_loadu_ps(xs + 8 * (p + i))));
   }
   for (; p < p1; ++p) {
     const float a = weight_scale(srow[2 * p]), c = 2 * p + 1 < nb ? weight_scale(srow[2 * p + 1]) : 0.0f;
     float *o = out + 8 * (p - p0);
     o[0] = o[1] = o[2] = o[3] = a;
     o[4] = o[5] = o[6] = o[7] = c;
+    if (xs)
+      for (int i = 0; i < 8; ++i) o[i] *= xs[8 * p + i];
   }
 }
 
@@ -103,34 +109,51 @@ static inline void decode_pair(const uint8_t *wp, int lone, __m256i d[4]) {
   d[3] = _mm256_unpackhi_epi8(zero, hi);
 }
 
-/* R (1..4) activation rows (xq/xs strides xq_row/xs_row) against one weight row */
+/* One pair of blocks (p) of R activation rows against decoded weights d; scale ws, or ws x xs when XS. */
+#define PAIR_ROWS(R, ACC, XS)                                                                        \
+  for (int r = 0; r < R; ++r) {                                                                     \
+    const __m256i *xp = (const __m256i *)(xq + r * xq_row + 64 * p);                                \
+    const __m256i s01 = _mm256_add_epi32(_mm256_madd_epi16(d[0], _mm256_loadu_si256(xp)),           \
+                                         _mm256_madd_epi16(d[1], _mm256_loadu_si256(xp + 1)));      \
+    const __m256i s23 = _mm256_add_epi32(_mm256_madd_epi16(d[2], _mm256_loadu_si256(xp + 2)),       \
+                                         _mm256_madd_epi16(d[3], _mm256_loadu_si256(xp + 3)));      \
+    const __m256 sc = XS ? _mm256_mul_ps(ws, _mm256_loadu_ps(xs + r * xs_row + 8 * p)) : ws;        \
+    ACC[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), sc, ACC[r]);           \
+  }
+
+/* R (1..4) activation rows (xq/xs strides xq_row/xs_row) against one weight row.  With one row the
+ * activation scales are folded into the weight scale table, so the loop multiplies nothing extra. */
 #define DOT_ROWS(R)                                                                                  \
   static void dot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const int16_t *xq, \
                            size_t xq_row, const float *xs, size_t xs_row, float *res) {             \
-    const size_t np = (nb + 1) / 2;                                                                 \
+    const size_t np = (nb + 1) / 2, full = nb / 2;                                                  \
     float wsc[8 * CHUNK_PAIRS];                                                                     \
-    __m256 acc[2][R];                                                                               \
-    for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();                        \
+    __m256 acc0[R], acc1[R];                                                                        \
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();                            \
     for (size_t c0 = 0; c0 < np; c0 += CHUNK_PAIRS) {                                               \
       const size_t c1 = c0 + CHUNK_PAIRS < np ? c0 + CHUNK_PAIRS : np;                              \
-      weight_scales(srow, nb, c0, c1, wsc);                                                         \
-      for (size_t p = c0; p < c1; ++p) {                                                            \
+      weight_scales(srow, nb, c0, c1, R == 1 ? xs : NULL, wsc);                                     \
+      const size_t cf = c1 < full ? c1 : full; /* pairs of two whole blocks */                      \
+      size_t p = c0;                                                                                \
+      for (; p + 2 <= cf; p += 2) {                                                                 \
+        __m256i d[4];                                                                               \
+        decode_pair(wrow + 32 * p, 0, d);                                                           \
+        __m256 ws = _mm256_loadu_ps(wsc + 8 * (p - c0));                                            \
+        PAIR_ROWS(R, acc0, R > 1)                                                                   \
+        ++p;                                                                                        \
+        decode_pair(wrow + 32 * p, 0, d);                                                           \
+        ws = _mm256_loadu_ps(wsc + 8 * (p - c0));                                                   \
+        PAIR_ROWS(R, acc1, R > 1)                                                                   \
+        --p;                                                                                        \
+      }                                                                                             \
+      for (; p < c1; ++p) { /* an odd pair out, and a lone last block */                            \
         __m256i d[4];                                                                               \
         decode_pair(wrow + 32 * p, 2 * p + 1 == nb, d);                                             \
         const __m256 ws = _mm256_loadu_ps(wsc + 8 * (p - c0));                                      \
-        for (int r = 0; r < R; ++r) {                                                               \
-          const __m256i *xp = (const __m256i *)(xq + r * xq_row + 64 * p);                          \
-          const __m256i s01 = _mm256_add_epi32(_mm256_madd_epi16(d[0], _mm256_loadu_si256(xp)),     \
-                                               _mm256_madd_epi16(d[1], _mm256_loadu_si256(xp + 1)));\
-          const __m256i s23 = _mm256_add_epi32(_mm256_madd_epi16(d[2], _mm256_loadu_si256(xp + 2)), \
-                                               _mm256_madd_epi16(d[3], _mm256_loadu_si256(xp + 3)));\
-          const __m256 sc = _mm256_mul_ps(ws, _mm256_loadu_ps(xs + r * xs_row + 8 * p));            \
-          acc[p & 1][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), sc,       \
-                                          acc[p & 1][r]);                                           \
-        }                                                                                           \
+        PAIR_ROWS(R, acc0, R > 1)                                                                   \
       }                                                                                             \
     }                                                                                               \
-    for (int r = 0; r < R; ++r) res[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));                \
+    for (int r = 0; r < R; ++r) res[r] = hsum(_mm256_add_ps(acc0[r], acc1[r]));                     \
   }
 DOT_ROWS(1)
 DOT_ROWS(2)
