@@ -424,6 +424,8 @@ def cmd_inspect(args) -> int:
     line = f"  target      {t['name']} (backend {t['backend']}, arch {t['arch']})"
     if t.get("cpu_features"):
         line += f"; compiled for CPU features {' '.join(t['cpu_features'])}"
+    if "cpu_microkernel" in t:
+        line += "; with the C matvec microkernel" if t["cpu_microkernel"] else "; linalg matvec (no C microkernel)"
     print(line)
     model = m.get("model")
     if model and model.get("kind") == "moe":

@@ -211,7 +211,7 @@ def test_object_is_built_once_and_cached(tmp_path, monkeypatch):
         ukernels.matvec_object.cache_clear()
 
 
-def test_without_a_c_compiler_the_linalg_matvec_is_used_with_a_warning(monkeypatch):
+def test_without_a_c_compiler_the_linalg_matvec_is_used_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setattr(ukernels, "_compiler", lambda: None)
     ukernels.matvec_object.cache_clear()
     pipeline._warn_once.cache_clear()
@@ -221,6 +221,7 @@ def test_without_a_c_compiler_the_linalg_matvec_is_used_with_a_warning(monkeypat
         with pytest.warns(UserWarning, match="microkernel is not available .*no C compiler"):
             cm = mxmoe.compile(moe, target="cpu")
         assert "stream.executable" not in cm.mlir
+        assert cm.save(tmp_path / "layer.mxmoe")["target"]["cpu_microkernel"] is False
         x = torch.randn(3, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
         assert rel_err(cm(x), moe(x)) < 1e-2
     finally:
@@ -258,7 +259,8 @@ def test_saved_artifact_runs_without_the_object(tmp_path, monkeypatch):
         obj = ukernels.matvec_object().path
         if obj is None:
             pytest.skip(ukernels.matvec_object().reason)
-        cm.save(tmp_path / "layer.mxmoe")
+        manifest = cm.save(tmp_path / "layer.mxmoe")
+        assert manifest["target"]["cpu_microkernel"] is True
         os.unlink(obj)
         loaded = mxmoe.runtime.load(tmp_path / "layer.mxmoe")
         x = torch.randn(2, TINY.hidden, generator=torch.Generator().manual_seed(2)).bfloat16()
