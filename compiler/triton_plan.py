@@ -28,8 +28,8 @@ from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
 from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_routing, is_few_tokens, shape_classes,
-                                                      use_tma)
+from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_cast, fused_routing, is_few_tokens,
+                                                      shape_classes, use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
 _GLUE = {"torch.constant.int", "torch.constant.float", "torch.constant.str", "torch.constant.bool",
@@ -304,7 +304,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "block_expert": {"dtype": "int32", "shape": ["NB"]},
         "block_start": {"dtype": "int32", "shape": ["NB"]},
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
-        "accumulator": {"dtype": "float32", "shape": ["T", H], "init": "zeros"},
+        # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
+        # extra row (zeroed with the sums); see combine_gemm_kernel
+        "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
+                        "init": "zeros"},
     }
     if layer.dtype != "float32":
         buffers["output"] = {"dtype": layer.dtype, "shape": ["T", H]}
@@ -369,7 +372,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     comb_args = [_arg("act_ptr", "buffer", "activations"), _arg("w_ptr", "param", layer.w2),
                  _arg("s_ptr", "param", layer.w2_scale), _weight_arg("bias_ptr", layer.w2_bias),
                  _arg("routing_weights_ptr", "buffer", "routing_weights"),
-                 _arg("out_ptr", "buffer", "accumulator")] + sorted_args
+                 _arg("out_ptr", "buffer", "accumulator")] + sorted_args + [
+        _arg("cast_ptr", "buffer", "output") if layer.dtype != "float32" else _arg("cast_ptr", "none", dtype="float32"),
+        _arg("num_tokens", "expr", expr="T", type="i32")]
     cast = None
     if layer.dtype != "float32":
         cast = add_kernel("cast", "cast", [
@@ -417,11 +422,13 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
             W_HOPPER=hopper, WIDE_SCALES=True),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
+        # the gemv class: the combine's last program per column tile casts it (one launch fewer)
+        fuse_cast = cast is not None and fused_cast(max_tokens)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
             W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
-            W_HOPPER=hopper, WIDE_SCALES=True),
+            W_HOPPER=hopper, WIDE_SCALES=True, FUSED_CAST=fuse_cast),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [
@@ -431,7 +438,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             {"kernel": glu, "grid": ["NB", f"cdiv({2 * I}, {c13.BLOCK_N})"]},
             {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})"]},
         ]
-        if cast is not None:
+        if cast is not None and not fuse_cast:
             launches.append({"kernel": cast, "grid": [f"cdiv(T * {H}, {CAST_BLOCK})"]})
         classes.append({"name": cls_name, "max_tokens": max_tokens, "vars": {"NB": nb, "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
                         "tiles": {"w13": _config_dict(c13), "w2": _config_dict(c2)}, "launches": launches})

@@ -54,7 +54,8 @@ CASES = {
                                    interleaved=False, bias=False, router_bias=False), torch.bfloat16, [1, 17], None),
     "k1_softmax_topk": (_cfg(k=1, routing="softmax_topk"), torch.bfloat16, [1, 33], None),
     "fp32_activations": (_cfg(activation="silu"), torch.float32, [4], None),
-    "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [20], "one"),
+    # T=2 (gemv class, the combine casts its own tiles): both tokens on expert 5, so row blocks stay empty
+    "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [2, 20], "one"),
     "experts_without_tokens_k1": (_cfg(k=1), torch.bfloat16, [9], "odd_off"),
 }
 
@@ -128,7 +129,14 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
         assert decode["tiles"]["w13"]["BLOCK_M"] == decode["tiles"]["w2"]["BLOCK_M"] == 16
         kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in decode["launches"]]
         grouping = ["route_and_group"] if decode["name"] == "gemv" else ["route_partials", "group_by_expert"]
-        assert kernels == ["router_gemm", *grouping, "glu_gemm", "combine_gemm", "cast"]
+        # gemv: the combine casts its finished tiles itself (no cast launch; its counts take one more
+        # accumulator row); decode: a cast launch
+        fused = decode["name"] == "gemv"
+        assert kernels == ["router_gemm", *grouping, "glu_gemm", "combine_gemm"] + ([] if fused else ["cast"])
+        comb = next(plan["kernels"][lc["kernel"]] for lc in decode["launches"]
+                    if plan["kernels"][lc["kernel"]]["kernel"] == "combine_gemm")
+        assert comb["constexprs"]["FUSED_CAST"] is fused
+    assert plan["buffers"]["accumulator"]["shape"] == ["T + 1", 64]
     gemms = [plan["kernels"][lc["kernel"]]["constexprs"] for cls in plan["classes"] for lc in cls["launches"]
              if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm")
              and plan["kernels"][lc["kernel"]]["kernel"] != "router_gemm"]
@@ -142,6 +150,7 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
     assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
                        "glu_gemm", "combine_gemm", "cast"]
+    assert plan["kernels"][prefill["launches"][-2]["kernel"]]["constexprs"]["FUSED_CAST"] is False
 
 
 @pytest.mark.parametrize("target,arch", [("cuda:sm_90", 90), ("cuda:sm_100", 100)])

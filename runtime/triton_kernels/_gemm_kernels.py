@@ -321,22 +321,46 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
 
 @triton.jit
+def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The last program to finish column tile ``pid_n`` writes its [T, BLOCK_N] sums to ``cast_ptr`` in the
+    output dtype. Programs count themselves in an int32 per column tile kept in row T of ``out_ptr`` (zeroed
+    with the accumulator); the count is an acquire-release atomic after a barrier, so the last program
+    reads every other program's atomics (from L2)."""
+    tl.debug_barrier()
+    counter = (out_ptr + num_tokens.to(tl.int64) * HIDDEN).to(tl.pointer_type(tl.int32), bitcast=True) + pid_n
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        for t0 in range(0, num_tokens, 16):
+            t = t0 + tl.arange(0, 16)
+            offs = t.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
+            mask = (t[:, None] < num_tokens) & (cols[None, :] < HIDDEN)
+            v = tl.load(out_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr,
                         sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                        cast_ptr, num_tokens,
                         HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                         HAS_BIAS: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
-                        W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False):
+                        W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False,
+                        FUSED_CAST: tl.constexpr = False):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
     scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
     through a TMA descriptor (K-contiguous values only). W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
+    FUSED_CAST (few tokens): ``out_ptr`` has T + 1 rows and the last program of each column tile writes
+    the finished [T, BLOCK_N] tile to ``cast_ptr`` in its dtype, so no separate cast launch follows.
     """
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
+        if FUSED_CAST:  # an empty row block still counts towards its column tile
+            _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N)
         return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < HIDDEN
@@ -370,6 +394,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     tokens = pairs // TOP_K
     tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
                   mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+    if FUSED_CAST:
+        _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N)
 
 
 @triton.jit

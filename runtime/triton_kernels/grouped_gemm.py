@@ -106,13 +106,14 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
              bias_ptr=w2_bias if w2_bias is not None else _no_bias(act.device),
              routing_weights_ptr=routing_weights, out_ptr=out,
              sorted_pairs_ptr=groups.sorted_pairs, expert_offsets_ptr=groups.expert_offsets,
-             block_expert_ptr=groups.block_expert, block_start_ptr=groups.block_start),
+             block_expert_ptr=groups.block_expert, block_start_ptr=groups.block_start,
+             cast_ptr=_no_bias(act.device), num_tokens=out.shape[0]),
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
              W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts,
-             GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales)),
-        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
+             GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales), FUSED_CAST=False),
+        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config), dynamic_ints=frozenset({"num_tokens"}))
 
 
 #: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token

@@ -98,6 +98,15 @@ def fused_routing(max_tokens: int | None) -> bool:
     return max_tokens is not None and max_tokens <= GEMV_MAX_TOKENS
 
 
+def fused_cast(max_tokens: int | None) -> bool:
+    """Whether a class's combine casts its own finished tiles (the last program per column tile; no cast
+    launch). H100, 2026-11-24, three interleaved rounds of the same build with and without: 1 token
+    47.5-47.9 vs 49.4-50.3 us (gpt-oss-20b), 49.9-50.5 vs 52.0-52.6 us (120b); at 8 and 64 tokens 0.5-1%
+    slower (every program pays a barrier and an atomic, and the last one casts T rows alone), so only
+    the gemv class fuses."""
+    return max_tokens is not None and max_tokens <= GEMV_MAX_TOKENS
+
+
 def is_few_tokens(max_tokens: int | None) -> bool:
     """Whether a class (by its largest token count) is memory-bound decode: its router splits H across
     programs and one program groups all pairs (see compiler/triton_plan.py)."""
