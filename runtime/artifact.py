@@ -446,8 +446,10 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
     target = {"name": tgt.name, "backend": tgt.backend, "arch": tgt.arch, "layout": getattr(tgt, "layout", None)}
     if tgt.backend == "iree" and tgt.arch == "host":
         target["cpu_features"] = host_cpu_features()
-        # the C microkernel (compiler/ukernels) is linked into the module, which calls it by this symbol
-        target["cpu_microkernel"] = "mxmoe_mxfp4_grouped_matvec" in (getattr(compiled, "mlir", "") or "")
+        from mxmoe.compiler.ukernels import MATVEC_SYMBOL
+
+        # the C microkernel is linked into the module, whose MLIR calls it by this symbol
+        target["cpu_microkernel"] = MATVEC_SYMBOL in (getattr(compiled, "mlir", "") or "")
     sections: list[Section] = []
     if tgt.backend == "iree":
         module = {"kind": KIND_VMFB, "section": "module.vmfb", "function": "main"}

@@ -51,8 +51,9 @@ def default_root() -> Optional[Path]:
 #: schemas and capture, layouts/config, and the backend that builds the region. The runtime is not in it:
 #: a compiled module does not change with the code that runs it. The cpu microkernel's C source is in it: the
 #: module links the object built from it.
-_SOURCES = (("mxmoe.compiler", "**/*.py"), ("mxmoe.compiler", "**/*.c"), ("mxmoe.torch_frontend", "ops.py"), ("mxmoe.torch_frontend", "capture.py"),
-            ("mxmoe.torch_frontend", "backend.py"), ("mxmoe", "layouts.py"), ("mxmoe", "config.py"))
+_SOURCES = (("mxmoe.compiler", "**/*.py"), ("mxmoe.compiler", "**/*.c"), ("mxmoe.torch_frontend", "ops.py"),
+            ("mxmoe.torch_frontend", "capture.py"), ("mxmoe.torch_frontend", "backend.py"), ("mxmoe", "layouts.py"),
+            ("mxmoe", "config.py"))
 
 
 @functools.cache

@@ -353,7 +353,7 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
     scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
     through a TMA descriptor (K-contiguous values only). W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
-    FUSED_CAST (few tokens): ``out_ptr`` has T + 1 rows and the last program of each column tile writes
+    FUSED_CAST (the gemv class): ``out_ptr`` has T + 1 rows and the last program of each column tile writes
     the finished [T, BLOCK_N] tile to ``cast_ptr`` in its dtype, so no separate cast launch follows.
     """
     block, pid_n = _tile_coords(GROUP_M)

@@ -113,7 +113,8 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
              W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts,
              GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales), FUSED_CAST=False),
-        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config), dynamic_ints=frozenset({"num_tokens"}))
+        num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config),
+        dynamic_ints=frozenset({"num_tokens"}))
 
 
 #: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token

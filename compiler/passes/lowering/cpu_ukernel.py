@@ -1,7 +1,7 @@
 """The cpu lowering's microkernel form of the grouped matvec: one IREE dispatch of a hand-written C kernel.
 
-Used by :mod:`cpu_grouped` when every expert has at most ``SMALL_ROWS`` rows and the microkernel object
-was built (``mxmoe.compiler.ukernels``). Three pieces of IR:
+Used by :mod:`cpu_grouped` at every token count when the microkernel object was built
+(``mxmoe.compiler.ukernels``) and the activations are bf16 or f16. Three pieces of IR:
 
 * :func:`quantize_rows`: linalg generics that turn the gathered f32 activation rows into int16 with one
   power-of-two scale per 32-value block (``q = round(x * 2^(14 - E))``, ``E`` the block maximum's binary
