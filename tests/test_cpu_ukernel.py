@@ -24,6 +24,9 @@ from mxmoe.config import PRESETS
 from mxmoe.torch_frontend.moe import MoE
 
 TINY = PRESETS["tiny"]
+#: tests of the microkernel path skip where it cannot be built (no C compiler, no AVX2/FMA/F16C), like GPU tests
+needs_ukernel = pytest.mark.skipif(ukernels.matvec_object().path is None,
+                                   reason=f"no cpu microkernel here: {ukernels.matvec_object().reason}")
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 
@@ -164,6 +167,7 @@ AWKWARD = {
 }
 
 
+@needs_ukernel
 @pytest.mark.parametrize("name", list(AWKWARD))
 def test_awkward_layers_through_the_microkernel(name):
     moe = MoE.random(AWKWARD[name], seed=21)
@@ -185,6 +189,7 @@ def test_f32_layers_keep_the_exact_linalg_matvec():
         assert rel_err(cm(x), moe(x)) < 1e-5, T
 
 
+@needs_ukernel
 def test_f16_layer_through_the_microkernel():
     moe = MoE.random(TINY, seed=26, dtype=torch.float16)
     cm = mxmoe.compile(moe, target="cpu")
@@ -234,6 +239,7 @@ def test_switched_off_by_environment(linalg_matvec):
     assert "stream.executable" not in cm.mlir
 
 
+@needs_ukernel
 def test_a_failing_compiler_is_reported(monkeypatch, tmp_path):
     fake = tmp_path / "cc"
     fake.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
