@@ -32,7 +32,7 @@ def iree_pipeline(target: Target) -> list[tuple[str, str | None]]:
             option = f"ukernel={uk.path}"
         elif not uk.reason.startswith(ENV_SWITCH):
             _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
-                       "instead, which is 2-4x slower at few tokens (docs/cpu.md)")
+                       "instead, which measured 3-4x slower (docs/cpu.md)")
     return mxmoe_pipeline(target) + [("mxmoe-lower-to-linalg", option)]
 
 
