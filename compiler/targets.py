@@ -20,8 +20,10 @@ class Target:
         if self.backend != "iree":
             raise ValueError(f"{self.name} is not an IREE target")
         if self.arch == "host":
+            # cpu=host alone takes the features of the CPU *model* (a Zen 4 guest gets AVX-512 although
+            # its hypervisor does not expose it); features=host asks the CPU what it can actually run
             return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-                    "--iree-llvmcpu-target-cpu=host"]
+                    "--iree-llvmcpu-target-cpu=host", "--iree-llvmcpu-target-cpu-features=host"]
         return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
 
     @property

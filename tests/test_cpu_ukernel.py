@@ -38,33 +38,34 @@ def rel_err(out, ref) -> float:
 # ------------------------------------------------------------------------------------- the kernel alone
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
+    """The C file built as a shared library: (matvec, quantizer) entry points."""
     if ukernels.matvec_object().path is None:
         pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
     lib = tmp_path_factory.mktemp("uk") / "mxfp4_matvec.so"
     cc = ukernels._compiler()
     subprocess.run([cc, *[f for f in ukernels.CFLAGS if f != "-fvisibility=hidden"], "-shared",
                     str(ukernels.SOURCE), "-o", str(lib)], check=True)
-    return getattr(ctypes.CDLL(str(lib)), ukernels.MATVEC_SYMBOL)
+    so = ctypes.CDLL(str(lib))
+    return getattr(so, ukernels.MATVEC_SYMBOL), getattr(so, ukernels.QUANTIZE_SYMBOL)
 
 
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [R, K] f32 -> the kernel's (xq [R, 64 np] int16, xs [R, 8 np] f32), from the format's description,
-    and the values they stand for ([R, K] float64, natural order)."""
+    """x [R, K] f32 -> the kernels' (xq [R, 64 np] int16, xs [R, nb padded to 8] f32), from the format's
+    description in the C file, and the values they stand for ([R, K] float64, natural order)."""
     R, K = x.shape
     nb = K // 32
     npairs = (nb + 1) // 2
     blocks = x.reshape(R, nb, 32).astype(np.float64)
     m = np.abs(blocks).max(2)
-    e = np.clip(np.floor(np.log2(np.where(m > 0, m, 1.0))), -100, 127)
+    e = np.clip(np.floor(np.log2(np.where(m > 0, m, 2.0 ** -127))), -100, 127)  # an all-zero block: E = -100
     q = np.clip(np.rint(blocks * np.exp2(14 - e)[..., None]), -32767, 32767).astype(np.int16)
     qp = np.zeros((R, 2 * npairs, 32), np.int16)
     qp[:, :nb] = q
-    sp = np.zeros((R, 2 * npairs), np.float32)
-    sp[:, :nb] = np.exp2(e - 14)
     xq = qp.reshape(R, npairs, 2, 4, 8).transpose(0, 1, 3, 2, 4).reshape(R, -1)  # [pair][j][block of pair][8]
-    xs = np.repeat(sp.reshape(R, npairs, 2, 1), 4, axis=3).reshape(R, -1)
+    xs = np.zeros((R, -(-nb // 8) * 8), np.float32)
+    xs[:, :nb] = np.exp2(e - 14 - 9)  # the decode's int16 are 512 x the value
     x_hat = (q * np.exp2(e - 14)[..., None]).reshape(R, K)
-    return np.ascontiguousarray(xq), np.ascontiguousarray(xs), x_hat
+    return np.ascontiguousarray(xq), xs, x_hat
 
 
 def memref(a: np.ndarray) -> list:
@@ -72,24 +73,81 @@ def memref(a: np.ndarray) -> list:
     return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
 
 
-def run_kernel(fn, x, w, s, bias, bias_kind, rows, tile_n=64):
-    """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order."""
+def c_quantize(fn, x: np.ndarray, order: np.ndarray, div: int, kind: int = 2, rows_per_wg: int = 3):
+    """The C quantizer over every workgroup: sorted row p from x[order[p] // div]."""
+    S, K = len(order), x.shape[-1]
+    nb = K // 32
+    xq = np.full((S, 64 * ((nb + 1) // 2)), 0x5A5A, np.int16)  # poison: every element must be written
+    xs = np.full((S, -(-nb // 8) * 8), np.nan, np.float32)
+    for wg in range(-(-S // rows_per_wg)):
+        fn(*memref(x), *memref(order), *memref(xq), *memref(xs), ctypes.c_size_t(K), ctypes.c_size_t(div),
+           ctypes.c_size_t(kind), ctypes.c_size_t(rows_per_wg), ctypes.c_size_t(S), ctypes.c_size_t(wg))
+    return xq, xs
+
+
+def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False):
+    """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order; the sorted rows
+    go to the slots of a fixed random permutation, and the result is returned in sorted order."""
+    matvec, quant = fns
     E, N, kh = w.shape
     K = 2 * kh
-    xq, xs, _ = quantize(x)
+    S = x.shape[0]
+    order = np.random.default_rng(S).permutation(S).astype(np.int32)  # sorted row p lives in slot order[p]
+    slots = np.empty_like(x)
+    slots[order] = x
+    xq, xs = c_quantize(quant, slots, order, 1)
     info = np.zeros(E, np.int64)
     first = 0
     for u, r in enumerate(rows):
         info[u] = u | first << 16 | r << 40
         first += r
     nused = np.array([len(rows)], np.int32)
-    out = np.full((x.shape[0], N), np.nan, np.float32)
+    out = np.full((S, N), np.nan, np.float32)
     for u in range(E):  # slots past nused must return without writing
         for t in range(-(-N // tile_n)):
-            fn(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(nused),
-               *memref(out), ctypes.c_size_t(N), ctypes.c_size_t(K), ctypes.c_size_t(bias_kind),
-               ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
-    return out
+            matvec(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(nused),
+                   *memref(order), *memref(out), ctypes.c_size_t(N), ctypes.c_size_t(K), ctypes.c_size_t(bias_kind),
+                   ctypes.c_size_t(int(deinterleave)), ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
+    return out[order]
+
+
+@pytest.mark.parametrize("K,kind", [(96, 2), (64, 1), (2880, 3), (160, 1), (544, 2)])
+def test_c_quantizer_matches_the_format(kernel, K, kind):
+    """Exactly the documented int16 values and scales, in the documented order, for an odd and an even
+    block count, every activation kind, rows gathered through order / div; values from 2^-110 to 2^100."""
+    g = torch.Generator().manual_seed(K)
+    T, k = 5, 3
+    scale = torch.exp2(torch.randint(-110, 100, (T, K // 32, 1), generator=g).float())
+    x = (torch.randn(T, K // 32, 32, generator=g) * scale).reshape(T, K)
+    x[0, :32] = 0.0  # an all-zero block
+    dt = {1: torch.bfloat16, 2: torch.float32, 3: torch.float16}[kind]
+    if kind == 3:
+        x = x.clamp(-6e4, 6e4)
+    xt = x.to(dt)
+    raw = xt.view(torch.int16).numpy() if kind != 2 else xt.numpy()
+    order = np.random.default_rng(K).permutation(T * k).astype(np.int32)
+    xq, xs = c_quantize(kernel[1], np.ascontiguousarray(raw), order, k, kind)
+    want_q, want_s, _ = quantize(xt.float().numpy()[order // k])
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_array_equal(xs, want_s)
+
+
+def test_c_quantizer_non_finite_blocks(kernel):
+    """A block holding inf or NaN: zeros and a NaN scale; the other blocks of the row are unaffected."""
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(3))
+    x[0, 40], x[1, 100] = float("inf"), float("nan")
+    xq, xs = c_quantize(kernel[1], x.numpy(), np.arange(2, dtype=np.int32), 1)
+    want_q, want_s, _ = quantize(np.nan_to_num(x.numpy(), posinf=0.0, nan=0.0))
+    bad = {(0, 1), (1, 3)}
+    for r in range(2):
+        for blk in range(4):
+            pair, lane = divmod(blk, 2)
+            sel = np.zeros(xq.shape[1], bool)
+            sel[64 * pair:64 * pair + 64] = (np.arange(64) // 8) % 2 == lane
+            if (r, blk) in bad:
+                assert np.isnan(xs[r, blk]) and (xq[r, sel] == 0).all()
+            else:
+                assert xs[r, blk] == want_s[r, blk] and (xq[r, sel] == want_q[r, sel]).all()
 
 
 def reference(x, w, s, bias_f32, rows):
@@ -133,6 +191,19 @@ def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n):
     ref = reference(quantize(x)[2], w, s, bias_f32, rows)
     assert np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-6
+
+
+def test_kernel_deinterleaves_gate_up_rows(kernel):
+    """With deinterleave, output o lands in column o / 2 (even o) or N / 2 + o / 2 (odd o)."""
+    E, N, K = 2, 192, 96
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    s = rng.integers(120, 130, (E, N, K // 32), dtype=np.uint8)
+    bias = rng.standard_normal((E, N)).astype(np.float32)
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(6)).bfloat16().float().numpy()
+    plain = run_kernel(kernel, x, w, s, bias, 2, [2, 3])
+    split = run_kernel(kernel, x, w, s, bias, 2, [2, 3], deinterleave=True)
+    np.testing.assert_array_equal(split, np.concatenate([plain[:, 0::2], plain[:, 1::2]], axis=1))
 
 
 def test_kernel_every_code_nan_scale_and_small_activations(kernel):

@@ -193,19 +193,20 @@ def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str,
                interleaved: bool) -> str:
     """glu over the last dim of ``h`` (type el_in, already rounded as the reference does) -> el_out tensor."""
     r = len(dims_in)
-    two_i = dims_in[-1]
-    i = two_i // 2
-    exp_dims = dims_in[:-1] + ([i, 2] if interleaved else [2, i])
-    reassoc = "[" + ", ".join([f"[{d}]" for d in range(r - 1)] + [f"[{r - 1}, {r}]"]) + "]"
-    out_shape = ", ".join([T] + [str(d) for d in dims_in[1:-1]] + [str(x) for x in exp_dims[-2:]])
-    hx = b.v(f"tensor.expand_shape {h} {reassoc} output_shape [{out_shape}] : {_tt(dims_in, el_in)} into {_tt(exp_dims, el_in)}", "x")
-    lead = ", ".join(f"d{d}" for d in range(r - 1))
-    last = f"d{r - 1}"
-    if interleaved:
-        gmap, umap = _map(r, f"{lead}, {last}, 0"), _map(r, f"{lead}, {last}, 1")
-    else:
-        gmap, umap = _map(r, f"{lead}, 0, {last}"), _map(r, f"{lead}, 1, {last}")
+    i = dims_in[-1] // 2
     out_dims = dims_in[:-1] + [i]
+
+    def half(which: int) -> str:
+        # gate (0) / up (1) as its own [..., i] tensor, so the generic below has identity maps only
+        # (a constant index in an indexing map makes IREE's CPU codegen fall back to scalar code)
+        first, step = (which, 2) if interleaved else (which * i, 1)
+        offs = ", ".join(["0"] * (r - 1) + [str(first)])
+        sizes = ", ".join([T] + [str(d) for d in dims_in[1:-1]] + [str(i)])
+        strides = ", ".join(["1"] * (r - 1) + [str(step)])
+        return b.v(f"tensor.extract_slice {h}[{offs}] [{sizes}] [{strides}] : {_tt(dims_in, el_in)} to "
+                   f"{_tt(out_dims, el_in)}", "gu")
+
+    gate, up = half(0), half(1)
     body = _to_f32_lines("%g0", el_in, "%g1") + _to_f32_lines("%u0", el_in, "%u1") + ["%one = arith.constant 1.0 : f32"]
     if act == "swiglu_oai":
         body += [f"%lim = arith.constant {float(limit)!r} : f32", f"%nlim = arith.constant {-float(limit)!r} : f32",
@@ -219,19 +220,29 @@ def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str,
                  "%sig = arith.divf %one, %den : f32", "%glu = arith.mulf %g1, %sig : f32", "%res = arith.mulf %u1, %glu : f32"]
     body += _from_f32_lines("%res", el_out, "%out") + [f"linalg.yield %out : {el_out}"]
     ident = _map(r, ", ".join(f"d{d}" for d in range(r)))
-    return _generic(b, [(hx, _tt(exp_dims, el_in), gmap), (hx, _tt(exp_dims, el_in), umap)],
+    return _generic(b, [(gate, _tt(out_dims, el_in), ident), (up, _tt(out_dims, el_in), ident)],
                     [(_empty(b, out_dims, el_out, [T]), _tt(out_dims, el_out), ident)], ["parallel"] * r, body,
                     [("%g0", el_in), ("%u0", el_in), ("%o", el_out)])
 
 
 def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str) -> str:
+    """sum_j y[:, j] * weights[:, j] in f32, in order j = 0.. from 0.0, rounded to ``yel``: one parallel
+    generic over the k slices y[:, j] (the same sum as a reduction over j, which IREE tiles as a strided
+    matvec; constant indices in the maps instead of slices make its CPU codegen scalar)."""
     _, k, h = ydims
-    acc = _filled(b, [None, h], "f32", [T], "0.0")
-    red = _generic(b, [(y, _tt(ydims, yel), _map(3, "d0, d2, d1")), (weights, _tt([None, k], "f32"), _map(3, "d0, d2"))],
-                   [(acc, _tt([None, h], "f32"), _map(3, "d0, d1"))], ["parallel", "parallel", "reduction"],
-                   _to_f32_lines("%yv", yel, "%yf") + ["%p = arith.mulf %yf, %wv : f32", "%r = arith.addf %o, %p : f32",
-                                                       "linalg.yield %r : f32"],
-                   [("%yv", yel), ("%wv", "f32"), ("%o", "f32")])
+    ident, row = _map(2, "d0, d1"), _map(2, "d0")
+    ins = [(b.v(f"tensor.extract_slice {y}[0, {j}, 0] [{T}, 1, {h}] [1, 1, 1] : {_tt(ydims, yel)} to {_tt([None, h], yel)}",
+                "yj"), _tt([None, h], yel), ident) for j in range(k)]
+    ins += [(b.v(f"tensor.extract_slice {weights}[0, {j}] [{T}, 1] [1, 1] : {_tt([None, k], 'f32')} to {_tt([None], 'f32')}",
+                 "wj"), _tt([None], "f32"), row) for j in range(k)]
+    body = ["%acc0 = arith.constant 0.0 : f32"]
+    for j in range(k):
+        body += _to_f32_lines(f"%y{j}", yel, f"%yf{j}")
+        body += [f"%p{j} = arith.mulf %yf{j}, %w{j} : f32", f"%acc{j + 1} = arith.addf %acc{j}, %p{j} : f32"]
+    body += [f"linalg.yield %acc{k} : f32"]
+    out = _empty(b, [None, h], "f32", [T])
+    red = _generic(b, ins, [(out, _tt([None, h], "f32"), _map(2, "d0, d1"))], ["parallel", "parallel"], body,
+                   [(f"%y{j}", yel) for j in range(k)] + [(f"%w{j}", "f32") for j in range(k)] + [("%o", "f32")])
     return _round(b, red, [None, h], yel, [T])
 
 
@@ -252,15 +263,22 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
     c0 = b.const(0, "index")
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
     extra = []
+    interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
     if _layout(v) == cpu_grouped.LAYOUT:
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
-        exe = None
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
         if ukernel is not None and xel in cpu_ukernel.ACTIVATION_TYPES:
-            exe = f"{fname}_ukernel"
-            extra.append(cpu_ukernel.executable_text(exe, ukernel, e, n, kk, bias[1] if bias else None))
-        ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T, ukernel=exe)
-        rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
+            exes = (f"{fname}_quantize", f"{fname}_ukernel")
+            # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
+            deinterleave = v.name == "mxmoe.grouped_matmul_glu" and bool(v.attr("interleaved"))
+            interleaved = interleaved and not deinterleave
+            extra.append(cpu_ukernel.quantize_executable_text(exes[0], ukernel, kk, xel, k if x.rank == 2 else 1))
+            extra.append(cpu_ukernel.executable_text(exes[1], ukernel, e, n, kk, bias[1] if bias else None, deinterleave))
+            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes)
+            rounded = cpu_grouped.slots_rounded(b, ys, k, n, xel, T)
+        else:
+            ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
+            rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
         mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
         rounded = _round(b, mm, [None, k, n], xel, [T])
@@ -268,7 +286,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
         result, rt = rounded, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
         result = _glu_apply(b, rounded, [None, k, n], xel, xel, T, v.attr("activation"), v.attr("alpha"),
-                            v.attr("limit"), v.attr("interleaved"))
+                            v.attr("limit"), interleaved)
         rt = _tt([None, k, n // 2], xel)
     else:  # grouped_matmul_combine
         args.append(f"%weights: {ts[-1]}")

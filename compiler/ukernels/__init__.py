@@ -25,6 +25,8 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
 #: the C entry point (see the source for its arguments)
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
+#: the C entry point that quantizes its activation rows
+QUANTIZE_SYMBOL = "mxmoe_mxfp4_quantize_rows"
 #: CPU features the object is built for; the cpu target compiles for the host, so the host must have them
 REQUIRED_FEATURES = ("avx2", "fma", "f16c")
 #: freestanding, position independent, nothing from libc: what IREE's embedded ELF linking requires

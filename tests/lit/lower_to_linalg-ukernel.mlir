@@ -1,6 +1,7 @@
 // mxmoe-lower-to-linalg{ukernel=PATH}: with the cpu microkernel object (mxmoe.compiler.ukernels builds it),
-// a blocksplit grouped matmul is one flow.dispatch of a stream.executable that calls the C symbol and
-// carries the object for iree-compile to link, at every token count (no expert loop).
+// a blocksplit grouped matmul is two flow.dispatches (quantize the activation rows, then the grouped
+// matvec) of stream.executables that call C symbols and carry the object for iree-compile to link, at
+// every token count (no expert loop).
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s
 // Row-major weights (the ROCm targets) ignore the option: no executable, no dispatch.
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s --check-prefix=ROWMAJOR
@@ -12,28 +13,39 @@ util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_ro
 util.global private @w13_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w13_scale"> : tensor<4x64x3xi8>
 util.global private @w13_bias {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "bias"} = #flow.parameter.named<"model"::"w13_bias"> : tensor<4x64xbf16>
 
-// The executable: the object attached for the x86-64 embedded-ELF variant, a grid of (output tiles of 64,
-// min(slots, experts)) workgroups, and a function that hands the bindings to the C symbol as memrefs.
+// Two executables carrying the object: the quantizer (a grid of ceil(slots / 4) workgroups) and the matvec
+// (output tiles of 64, min(slots, experts)); each function hands its bindings to a C symbol as memrefs.
+// CHECK: stream.executable private @[[QEXE:mxmoe_grouped_matmul_glu_[0-9a-f]+_quantize]] attributes {hal.executable.objects = #hal.executable.objects<{#{{.+}} = [#hal.executable.object<{path = "/objects/mxfp4_matvec.o"}>]}>}
+// CHECK: stream.executable.export public @[[QEXE]] workgroups(%{{.+}}: index) -> (index, index, index)
+// CHECK: %[[GROUPS:.+]] = arith.divui %{{.+}}, %{{.+}} : index
+// CHECK: stream.return %[[GROUPS]], %{{.+}}, %{{.+}} : index, index, index
+// CHECK: func.func private @mxmoe_mxfp4_quantize_rows(memref<?xbf16>, memref<?xi32>, memref<?xi16>, memref<?xf32>, index, index, index, index, index, index) attributes {hal.import.static}
+// The rows of x [T, 96] bf16 (kind 1), row order[p] / 2 for top-2, 4 rows per workgroup:
+// CHECK: call @mxmoe_mxfp4_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c96, %c2, %c1, %c4, %{{.+}}, %workgroup_id_x)
 // CHECK: stream.executable private @[[EXE:mxmoe_grouped_matmul_glu_[0-9a-f]+_ukernel]] attributes {hal.executable.objects = #hal.executable.objects<{#{{.+}} = [#hal.executable.object<{path = "/objects/mxfp4_matvec.o"}>]}>}
 // CHECK: stream.executable.export public @[[EXE]] workgroups(%[[S:.+]]: index) -> (index, index, index)
 // CHECK: %[[SLOTS:.+]] = arith.minui %[[S]], %{{.+}} : index
 // CHECK: stream.return %{{.+}}, %[[SLOTS]], %{{.+}} : index, index, index
-// CHECK: func.func private @mxmoe_mxfp4_grouped_matvec(memref<?xi16>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xbf16>, memref<?xi64>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index) attributes {hal.import.static}
+// CHECK: func.func private @mxmoe_mxfp4_grouped_matvec(memref<?xi16>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xbf16>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index) attributes {hal.import.static}
 // CHECK: func.func @[[EXE]](
 // CHECK: hal.interface.workgroup.id[0]
 // CHECK: hal.interface.workgroup.id[1]
-// CHECK: call @mxmoe_mxfp4_grouped_matvec(
+// N 64, K 96, bf16 bias (kind 1), deinterleaved gate/up (1), tiles of 64:
+// CHECK: call @mxmoe_mxfp4_grouped_matvec({{(%[0-9]+, )+}}%c64, %c96, %c1, %c1, %c64, %workgroup_id_x, %workgroup_id_y)
 
 // CHECK-LABEL: func.func private @mxmoe_grouped_matmul_glu_
-// Activations quantized to int16 per 32-value block (96 = 3 blocks: two pairs, the second padded), then
-// one dispatch for every used expert, reading the packed (id, first row, rows) table on the device.
+// The quantizer reads x itself (no gather); 96 = 3 blocks: two pairs (128 int16), 8 padded scales. Then one
+// matvec dispatch for every used expert, reading the packed (id, first row, rows) table on the device and
+// writing rows back to their slots (order), so the GLU reads halves [gate | up] of the slot rows.
 // CHECK-NOT: scf.if
-// CHECK: math.roundeven
-// CHECK: arith.fptosi %{{.+}} : f32 to i16
-// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0], [1, 2, 3, 4]] : tensor<?x2x4x2x8xi16> into tensor<?x128xi16>
-// CHECK: tensor.collapse_shape %{{.+}} {{\[}}[0], [1, 2, 3]] : tensor<?x2x2x4xf32> into tensor<?x16xf32>
+// CHECK-NOT: tensor.extract {{.+}}xbf16
+// CHECK: %[[Q:.+]]:2 = flow.dispatch @[[QEXE]]::@[[QEXE]][%[[NS:.+]]](%arg0, %[[ORDER:.+]], %{{.+}}, %[[NS]]) : (tensor<?x96xbf16>{%{{.+}}}, tensor<?xi32>{%[[NS]]}, index, index) -> (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]})
 // CHECK-NOT: scf.for
-// CHECK: flow.dispatch @[[EXE]]::@[[EXE]][%{{.+}}](%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}) : (tensor<?x128xi16>{%{{.+}}}, tensor<?x16xf32>{%{{.+}}}, tensor<4x64x48xi8>, tensor<4x64x3xi8>, tensor<4x64xbf16>, tensor<4xi64>, tensor<1xi32>, index) -> tensor<?x64xf32>{%{{.+}}}
+// CHECK: %[[Y:.+]] = flow.dispatch @[[EXE]]::@[[EXE]][%[[NS]]](%[[Q]]#0, %[[Q]]#1, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %[[ORDER]], %[[NS]]) : (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]}, tensor<4x64x48xi8>, tensor<4x64x3xi8>, tensor<4x64xbf16>, tensor<4xi64>, tensor<1xi32>, tensor<?xi32>{%[[NS]]}, index) -> tensor<?x64xf32>{%[[NS]]}
+// CHECK: tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, 2, 64] : tensor<?x64xf32> into tensor<?x2x64xf32>
+// CHECK: tensor.extract_slice %{{.+}}[0, 0, 0] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x2x32xbf16>
+// CHECK: tensor.extract_slice %{{.+}}[0, 0, 32] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x2x32xbf16>
+// CHECK: math.exp
 // CHECK-NOT: scf.for
 // CHECK: return
 func.func @glu(%x: tensor<?x96xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x2x32xbf16> {

@@ -148,5 +148,14 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: %[[CAF:.+]] = tensor.collapse_shape %[[CA]] {{\[}}[0, 1], [2]] : tensor<?x2x32xbf16> into tensor<?x32xbf16>
 // CHECK: tensor.extract %[[CAF]][%{{.+}}, %{{.+}}] : tensor<?x32xbf16>
 // CHECK: scf.for
-// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]} ins(%{{.+}}, %[[CW]] : tensor<?x2x64xbf16>, tensor<?x2xf32>) outs(%{{.+}} : tensor<?x64xf32>)
+// The weighted sum over k: one parallel generic over the k slices (in order, from 0.0), unit stride
+// CHECK: %[[Y0:.+]] = tensor.extract_slice %{{.+}}[0, 0, 0] [%{{.+}}, 1, 64] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x64xbf16>
+// CHECK: %[[Y1:.+]] = tensor.extract_slice %{{.+}}[0, 1, 0] [%{{.+}}, 1, 64] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x64xbf16>
+// CHECK: %[[W0:.+]] = tensor.extract_slice %[[CW]][0, 0] [%{{.+}}, 1] [1, 1] : tensor<?x2xf32> to tensor<?xf32>
+// CHECK: %[[W1:.+]] = tensor.extract_slice %[[CW]][0, 1] [%{{.+}}, 1] [1, 1] : tensor<?x2xf32> to tensor<?xf32>
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]} ins(%[[Y0]], %[[Y1]], %[[W0]], %[[W1]] : tensor<?x64xbf16>, tensor<?x64xbf16>, tensor<?xf32>, tensor<?xf32>) outs(%{{.+}} : tensor<?x64xf32>)
+// CHECK: %[[P0:.+]] = arith.mulf %{{.+}}, %{{.+}} : f32
+// CHECK: %[[A1:.+]] = arith.addf %{{.+}}, %[[P0]] : f32
+// CHECK: %[[P1:.+]] = arith.mulf %{{.+}}, %{{.+}} : f32
+// CHECK: arith.addf %[[A1]], %[[P1]] : f32
 // CHECK: arith.truncf %{{.+}} : f32 to bf16

@@ -48,7 +48,7 @@ consecutive bytes line up with 8 consecutive activations; scales and biases are 
 from __future__ import annotations
 
 from mxmoe.compiler.passes.lowering import cpu_ukernel, mxfp4
-from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
+from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, round_to, scf_if, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
 #: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
@@ -334,23 +334,45 @@ def _sort_slots(b: Body, ids_flat: str, S: str, e: int) -> dict[str, str]:
             "info": info}
 
 
-def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                        T: str, ukernel: str | None = None) -> tuple[str, str]:
-    """Sorted-order result ``ys`` [T*k, n] f32 (bias added) and ``pos`` [T*k] i32 (slot -> sorted row).
-
-    Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``ukernel``: the name
-    of a ``stream.executable`` from :func:`cpu_ukernel.executable_text` (same e, n, kk and bias type): every
-    used expert then runs in one dispatch of the C microkernel instead of the expert loop (3-4x faster at
-    every token count measured, 1 to 2048; docs/cpu.md).
-    """
+def _slots_sorted(b: Body, k: int, e: int, T: str) -> tuple[str, dict[str, str]]:
+    """S = T*k and the slot sort of ``%ids``."""
     if e > 0xFFFF:
-        raise ValueError(f"cpu grouped matmul: {e} experts do not fit the 16-bit expert field of the loop's packed table")
+        raise ValueError(f"cpu grouped matmul: {e} experts do not fit the 16-bit expert field of the packed expert table")
+    S = b.v(f"arith.muli {T}, {b.const(k, 'index')} : index", "S")
+    ids_flat = b.v(f"tensor.collapse_shape %ids [[0, 1]] : {tt([None, k], 'i32')} into {tt([None], 'i32')}", "idf")
+    return S, _sort_slots(b, ids_flat, S, e)
+
+
+def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
+                           T: str, exes: tuple[str, str]) -> str:
+    """Result ``ys`` [T*k, n] f32 by slot (bias added) from two dispatches of the C microkernels.
+
+    ``exes``: the quantizer's and the matvec's ``stream.executable`` (:func:`cpu_ukernel.quantize_executable_text`
+    with div = k for a rank-2 ``x``, 1 for a rank-3 one; :func:`cpu_ukernel.executable_text`). Every used
+    expert runs in one dispatch at any token count (3-4x faster than the expert loop, 1 to 2048 tokens;
+    docs/cpu.md). Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope.
+    """
+    S, srt = _slots_sorted(b, k, e, T)
+    xel = str(xt.element_type)
+    if xt.rank == 2:
+        rows, R = x, T
+    else:
+        rows, R = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xf"), S
+    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[0], rows, xel, R, srt["order"], S, kk)
+    return cpu_ukernel.matvec_dispatch(b, exes[1], xq, xsc, e, n, kk, bias, srt["info"], srt["nused"],
+                                       srt["order"], S)
+
+
+def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
+                        T: str) -> tuple[str, str]:
+    """Sorted-order result ``ys`` [T*k, n] f32 (bias added) and ``pos`` [T*k] i32 (slot -> sorted row),
+    through the linalg schedule (the loop over used experts).
+
+    Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope.
+    """
     xel = str(xt.element_type)
     c0, c1 = b.const(0, "index"), b.const(1, "index")
-    ck = b.const(k, "index")
-    S = b.v(f"arith.muli {T}, {ck} : index", "S")
-    ids_flat = b.v(f"tensor.collapse_shape %ids [[0, 1]] : {tt([None, k], 'i32')} into {tt([None], 'i32')}", "idf")
-    srt = _sort_slots(b, ids_flat, S, e)
+    S, srt = _slots_sorted(b, k, e, T)
     # Activations in expert order: f32 rows for the matvec (it reads each activation once per output row)
     # and, with the integer decode, for the contraction too; storage order for scaling_extf's contraction;
     # rows in the input type only where a kernel still reads them (f32 inputs: the same rows for all).
@@ -449,12 +471,7 @@ def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bi
                   + "\n    ".join(lb.lines) + f"\n    scf.yield {step} : {ys_t}\n  }}", "ys")
         return fb.v(f"flow.tensor.tie_shape {ys} : {ys_t}{{{S}}}", "ys")
 
-    if ukernel is not None:  # every used expert in one dispatch of the C kernel, at any token count
-        if mv_rows[1] != "f32":
-            raise ValueError("cpu microkernel: needs the f32 activation rows (MATVEC_F32_ROWS)")
-        xq, xsc = cpu_ukernel.quantize_rows(b, mv_rows[0], S, kk)
-        ys = cpu_ukernel.matvec_dispatch(b, ukernel, xq, xsc, e, n, kk, bias, srt["info"], srt["nused"], S)
-    elif READBACK_ALL_SLOTS:
+    if READBACK_ALL_SLOTS:
         # Only while no expert can have more than SMALL_ROWS rows (an expert gets at most one row per
         # token): queueing every expert's work at once with the decode-once kernel's large transients is
         # what makes local-task keep memory (docs/cpu.md).
@@ -478,3 +495,10 @@ def unsort_rounded(b: Body, ys: str, pos: str, k: int, n: int, el: str, T: str) 
     return generic(b, [(pos2, tt([None, k], "i32"), amap(3, "d0, d1"))],
                    [(empty(b, [None, k, n], el, [T]), tt([None, k, n], el), amap(3, "d0, d1, d2"))],
                    ["parallel"] * 3, body, [("%p", "i32"), ("%o", el)])
+
+
+def slots_rounded(b: Body, ys: str, k: int, n: int, el: str, T: str) -> str:
+    """[T, k, n] ``el`` from ys [T*k, n] f32 by slot, rounded to ``el`` (the reference's rounding point)."""
+    y3 = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : {tt([None, n], 'f32')} into "
+             f"{tt([None, k, n], 'f32')}", "y")
+    return round_to(b, y3, [None, k, n], el, [T])
