@@ -189,9 +189,27 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
                     [("%a", "f32"), ("%id", "i32"), ("%o", "f32")])
 
 
+def _input_lines(v: str, el_in: str, out: str, rounded_to: str | None) -> list[str]:
+    """An epilogue's input ``v`` as f32 ``out``; ``rounded_to``: an f32 input first rounded to that type (the
+    reference's rounding point), so that the rounding fuses into the epilogue instead of a pass of its own."""
+    if rounded_to is None or rounded_to == "f32":
+        return _to_f32_lines(v, el_in, out)
+    if rounded_to == "bf16":
+        # round to nearest even on the bits: IREE's bf16 emulation folds an extf(truncf(x)) pair away
+        return [f"{out}_b = arith.bitcast {v} : f32 to i32", f"{out}_k16 = arith.constant 16 : i32",
+                f"{out}_k1 = arith.constant 1 : i32", f"{out}_kh = arith.constant 32767 : i32",
+                f"{out}_km = arith.constant -65536 : i32", f"{out}_s = arith.shrui {out}_b, {out}_k16 : i32",
+                f"{out}_l = arith.andi {out}_s, {out}_k1 : i32", f"{out}_a = arith.addi {out}_b, {out}_kh : i32",
+                f"{out}_a2 = arith.addi {out}_a, {out}_l : i32", f"{out}_m = arith.andi {out}_a2, {out}_km : i32",
+                f"{out}_f = arith.bitcast {out}_m : i32 to f32", f"{out}_nan = arith.cmpf uno, {v}, {v} : f32",
+                f"{out} = arith.select {out}_nan, {v}, {out}_f : f32"]
+    return [f"{out}_r = arith.truncf {v} : f32 to {rounded_to}", f"{out} = arith.extf {out}_r : {rounded_to} to f32"]
+
+
 def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str, act: str, alpha: float, limit: float,
-               interleaved: bool) -> str:
-    """glu over the last dim of ``h`` (type el_in, already rounded as the reference does) -> el_out tensor."""
+               interleaved: bool, rounded_to: str | None = None) -> str:
+    """glu over the last dim of ``h`` (type el_in, already rounded as the reference does, or f32 rounded to
+    ``rounded_to`` on the way in) -> el_out tensor."""
     r = len(dims_in)
     i = dims_in[-1] // 2
     out_dims = dims_in[:-1] + [i]
@@ -207,7 +225,8 @@ def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str,
                    f"{_tt(out_dims, el_in)}", "gu")
 
     gate, up = half(0), half(1)
-    body = _to_f32_lines("%g0", el_in, "%g1") + _to_f32_lines("%u0", el_in, "%u1") + ["%one = arith.constant 1.0 : f32"]
+    body = (_input_lines("%g0", el_in, "%g1", rounded_to) + _input_lines("%u0", el_in, "%u1", rounded_to)
+            + ["%one = arith.constant 1.0 : f32"])
     if act == "swiglu_oai":
         body += [f"%lim = arith.constant {float(limit)!r} : f32", f"%nlim = arith.constant {-float(limit)!r} : f32",
                  f"%alpha = arith.constant {float(alpha)!r} : f32",
@@ -225,8 +244,9 @@ def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str,
                     [("%g0", el_in), ("%u0", el_in), ("%o", el_out)])
 
 
-def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str) -> str:
-    """sum_j y[:, j] * weights[:, j] in f32, in order j = 0.. from 0.0, rounded to ``yel``: one parallel
+def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str, rounded_to: str | None = None) -> str:
+    """sum_j y[:, j] * weights[:, j] in f32 (y of ``yel``, or f32 rounded to ``rounded_to`` on the way in), in
+    order j = 0.. from 0.0, rounded to the activation type: one parallel
     generic over the k slices y[:, j] (the same sum as a reduction over j, which IREE tiles as a strided
     matvec; constant indices in the maps instead of slices make its CPU codegen scalar)."""
     _, k, h = ydims
@@ -237,13 +257,13 @@ def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str
                  "wj"), _tt([None], "f32"), row) for j in range(k)]
     body = ["%acc0 = arith.constant 0.0 : f32"]
     for j in range(k):
-        body += _to_f32_lines(f"%y{j}", yel, f"%yf{j}")
+        body += _input_lines(f"%y{j}", yel, f"%yf{j}", rounded_to)
         body += [f"%p{j} = arith.mulf %yf{j}, %w{j} : f32", f"%acc{j + 1} = arith.addf %acc{j}, %p{j} : f32"]
     body += [f"linalg.yield %acc{k} : f32"]
     out = _empty(b, [None, h], "f32", [T])
     red = _generic(b, ins, [(out, _tt([None, h], "f32"), _map(2, "d0, d1"))], ["parallel", "parallel"], body,
                    [(f"%y{j}", yel) for j in range(k)] + [(f"%w{j}", "f32") for j in range(k)] + [("%o", "f32")])
-    return _round(b, red, [None, h], yel, [T])
+    return _round(b, red, [None, h], rounded_to or yel, [T])
 
 
 def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]:
@@ -264,6 +284,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
     extra = []
     interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
+    rounded_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
     if _layout(v) == cpu_grouped.LAYOUT:
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
@@ -275,7 +296,10 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
             extra.append(cpu_ukernel.quantize_executable_text(exes[0], ukernel, kk, xel, k if x.rank == 2 else 1))
             extra.append(cpu_ukernel.executable_text(exes[1], ukernel, e, n, kk, bias[1] if bias else None, deinterleave))
             ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes)
-            rounded = cpu_grouped.slots_rounded(b, ys, k, n, xel, T)
+            # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
+            rounded = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
+                          f"{_tt([None, n], 'f32')} into {_tt([None, k, n], 'f32')}", "y")
+            rounded_el, rounded_to = "f32", xel
         else:
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
             rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
@@ -283,14 +307,14 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
         mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
         rounded = _round(b, mm, [None, k, n], xel, [T])
     if v.name == "mxmoe.grouped_matmul":
-        result, rt = rounded, _tt([None, k, n], xel)
+        result, rt = _round(b, rounded, [None, k, n], xel, [T]) if rounded_to else rounded, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
-        result = _glu_apply(b, rounded, [None, k, n], xel, xel, T, v.attr("activation"), v.attr("alpha"),
-                            v.attr("limit"), interleaved)
+        result = _glu_apply(b, rounded, [None, k, n], rounded_el, xel, T, v.attr("activation"), v.attr("alpha"),
+                            v.attr("limit"), interleaved, rounded_to)
         rt = _tt([None, k, n // 2], xel)
     else:  # grouped_matmul_combine
         args.append(f"%weights: {ts[-1]}")
-        result = _combine_apply(b, rounded, [None, k, n], xel, "%weights", T)
+        result = _combine_apply(b, rounded, [None, k, n], rounded_el, "%weights", T, rounded_to)
         rt = _tt([None, n], xel)
     b.raw(f"return {result} : {rt}")
     return extra + [f"func.func private @{fname}({', '.join(args)}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"]

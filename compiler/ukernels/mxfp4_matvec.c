@@ -182,8 +182,10 @@ static inline void decode_pair(const uint8_t *wp, int lone, __m256i d[4]) {
   }
 
 /* R (1..4) activation rows (strides xq_row, xs_row) against one weight row.  Per group of 4 pairs the 8
- * weight scales are decoded once and multiplied by each row's 8 activation scales. */
-#define DOT_ROWS(R)                                                                                     \
+ * weight scales are decoded once and multiplied by each row's 8 activation scales.  One row alternates
+ * two accumulators (ACCB = acc1) to overlap the FMA latency; several rows already do, and keep one each
+ * (ACCB = acc0) to stay within the 16 ymm registers. */
+#define DOT_ROWS(R, ACCB)                                                                               \
   static void dot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const int16_t *xq,    \
                            size_t xq_row, const float *xs, size_t xs_row, float *res) {                \
     const size_t np = row_pairs(nb);                                                                   \
@@ -200,11 +202,11 @@ static inline void decode_pair(const uint8_t *wp, int lone, __m256i d[4]) {
       decode_pair(wrow + 32 * p, 0, d);                                                                \
       PAIR_ROWS(R, acc0, p, i0)                                                                        \
       decode_pair(wrow + 32 * (p + 1), 0, d);                                                          \
-      PAIR_ROWS(R, acc1, p + 1, i1)                                                                    \
+      PAIR_ROWS(R, ACCB, p + 1, i1)                                                                    \
       decode_pair(wrow + 32 * (p + 2), 0, d);                                                          \
       PAIR_ROWS(R, acc0, p + 2, i2)                                                                    \
       decode_pair(wrow + 32 * (p + 3), 0, d);                                                          \
-      PAIR_ROWS(R, acc1, p + 3, i3)                                                                    \
+      PAIR_ROWS(R, ACCB, p + 3, i3)                                                                    \
     }                                                                                                  \
     if (p < np) { /* the last 1-3 pairs, maybe ending in a lone block */                               \
       const __m256 ws = weight_scales8(srow, nb, 2 * p);                                               \
@@ -217,10 +219,10 @@ static inline void decode_pair(const uint8_t *wp, int lone, __m256i d[4]) {
     }                                                                                                  \
     for (int r = 0; r < R; ++r) res[r] = hsum(_mm256_add_ps(acc0[r], acc1[r]));                        \
   }
-DOT_ROWS(1)
-DOT_ROWS(2)
-DOT_ROWS(3)
-DOT_ROWS(4)
+DOT_ROWS(1, acc1)
+DOT_ROWS(2, acc0)
+DOT_ROWS(3, acc0)
+DOT_ROWS(4, acc0)
 
 /* xq, xs: quantized rows in sorted order (mxmoe_mxfp4_quantize_rows); w: [E, n, k / 2]; s: [E, n, k / 32];
  * bias: [E, n] of bias_kind; info[u] = id | first sorted row << 16 | rows << 40 for u < nused[0];

@@ -36,15 +36,21 @@ util.global private @w13_bias {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weig
 // CHECK-LABEL: func.func private @mxmoe_grouped_matmul_glu_
 // The quantizer reads x itself (no gather); 96 = 3 blocks: two pairs (128 int16), 8 padded scales. Then one
 // matvec dispatch for every used expert, reading the packed (id, first row, rows) table on the device and
-// writing rows back to their slots (order), so the GLU reads halves [gate | up] of the slot rows.
+// writing rows back to their slots (order), so the GLU reads halves [gate | up] of the f32 slot rows.
 // CHECK-NOT: scf.if
 // CHECK-NOT: tensor.extract {{.+}}xbf16
 // CHECK: %[[Q:.+]]:2 = flow.dispatch @[[QEXE]]::@[[QEXE]][%[[NS:.+]]](%arg0, %[[ORDER:.+]], %{{.+}}, %[[NS]]) : (tensor<?x96xbf16>{%{{.+}}}, tensor<?xi32>{%[[NS]]}, index, index) -> (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]})
 // CHECK-NOT: scf.for
 // CHECK: %[[Y:.+]] = flow.dispatch @[[EXE]]::@[[EXE]][%[[NS]]](%[[Q]]#0, %[[Q]]#1, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %[[ORDER]], %[[NS]]) : (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]}, tensor<4x64x48xi8>, tensor<4x64x3xi8>, tensor<4x64xbf16>, tensor<4xi64>, tensor<1xi32>, tensor<?xi32>{%[[NS]]}, index) -> tensor<?x64xf32>{%[[NS]]}
 // CHECK: tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, 2, 64] : tensor<?x64xf32> into tensor<?x2x64xf32>
-// CHECK: tensor.extract_slice %{{.+}}[0, 0, 0] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x2x32xbf16>
-// CHECK: tensor.extract_slice %{{.+}}[0, 0, 32] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xbf16> to tensor<?x2x32xbf16>
+// CHECK: tensor.extract_slice %{{.+}}[0, 0, 0] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xf32> to tensor<?x2x32xf32>
+// CHECK: tensor.extract_slice %{{.+}}[0, 0, 32] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xf32> to tensor<?x2x32xf32>
+// The GLU rounds each f32 input to bf16 itself (round to nearest even on the bits, NaN kept), no pass of its own:
+// CHECK: linalg.generic {{.+}} ins(%{{.+}}, %{{.+}} : tensor<?x2x32xf32>, tensor<?x2x32xf32>) outs(%{{.+}} : tensor<?x2x32xbf16>)
+// CHECK: arith.bitcast %{{.+}} : f32 to i32
+// CHECK: arith.constant 32767 : i32
+// CHECK: arith.constant -65536 : i32
+// CHECK: arith.cmpf uno
 // CHECK: math.exp
 // CHECK-NOT: scf.for
 // CHECK: return

@@ -48,7 +48,7 @@ consecutive bytes line up with 8 consecutive activations; scales and biases are 
 from __future__ import annotations
 
 from mxmoe.compiler.passes.lowering import cpu_ukernel, mxfp4
-from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, round_to, scf_if, to_f32_lines, tt
+from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
 #: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
@@ -496,9 +496,3 @@ def unsort_rounded(b: Body, ys: str, pos: str, k: int, n: int, el: str, T: str) 
                    [(empty(b, [None, k, n], el, [T]), tt([None, k, n], el), amap(3, "d0, d1, d2"))],
                    ["parallel"] * 3, body, [("%p", "i32"), ("%o", el)])
 
-
-def slots_rounded(b: Body, ys: str, k: int, n: int, el: str, T: str) -> str:
-    """[T, k, n] ``el`` from ys [T*k, n] f32 by slot, rounded to ``el`` (the reference's rounding point)."""
-    y3 = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : {tt([None, n], 'f32')} into "
-             f"{tt([None, k, n], 'f32')}", "y")
-    return round_to(b, y3, [None, k, n], el, [T])
