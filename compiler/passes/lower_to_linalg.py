@@ -284,7 +284,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
     extra = []
     interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
-    rounded_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
+    y_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
     if _layout(v) == cpu_grouped.LAYOUT:
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
@@ -297,24 +297,24 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
             extra.append(cpu_ukernel.executable_text(exes[1], ukernel, e, n, kk, bias[1] if bias else None, deinterleave))
             ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes)
             # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
-            rounded = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
+            y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
                           f"{_tt([None, n], 'f32')} into {_tt([None, k, n], 'f32')}", "y")
-            rounded_el, rounded_to = "f32", xel
+            y_el, rounded_to = "f32", xel
         else:
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
-            rounded = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
+            y = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
         mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
-        rounded = _round(b, mm, [None, k, n], xel, [T])
+        y = _round(b, mm, [None, k, n], xel, [T])
     if v.name == "mxmoe.grouped_matmul":
-        result, rt = _round(b, rounded, [None, k, n], xel, [T]) if rounded_to else rounded, _tt([None, k, n], xel)
+        result, rt = _round(b, y, [None, k, n], xel, [T]) if rounded_to else y, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
-        result = _glu_apply(b, rounded, [None, k, n], rounded_el, xel, T, v.attr("activation"), v.attr("alpha"),
+        result = _glu_apply(b, y, [None, k, n], y_el, xel, T, v.attr("activation"), v.attr("alpha"),
                             v.attr("limit"), interleaved, rounded_to)
         rt = _tt([None, k, n // 2], xel)
     else:  # grouped_matmul_combine
         args.append(f"%weights: {ts[-1]}")
-        result = _combine_apply(b, rounded, [None, k, n], rounded_el, "%weights", T, rounded_to)
+        result = _combine_apply(b, y, [None, k, n], y_el, "%weights", T, rounded_to)
         rt = _tt([None, n], xel)
     b.raw(f"return {result} : {rt}")
     return extra + [f"func.func private @{fname}({', '.join(args)}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"]

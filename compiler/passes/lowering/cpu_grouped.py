@@ -8,11 +8,14 @@ rows are grouped by expert so that each used expert's weights are read once:
    ``order[p]`` its inverse, ``counts[e]`` / ``offsets[e]`` per expert and the list of used experts.
    These are O(slots^2) and O(slots x E) integer compares: microseconds at 1 token, about a millisecond
    at 2048 slots; never any weight traffic.
-2. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies), as f32
-   rows read by both kernels below (``MATVEC_F32_ROWS``, ``MATMUL_F32_ROWS``).
-3. with the C microkernel linked (the cpu target's default, :mod:`cpu_ukernel`): the rows are quantized
-   to int16 per 32-value block and *one dispatch* of the kernel computes every used expert's rows, the
-   expert table read on the device. Without it (no C compiler, ``MXMOE_CPU_UKERNEL=0``, f32 activations):
+2. with the C microkernel linked (the cpu target's default, :mod:`cpu_ukernel`,
+   :func:`grouped_matmul_ukernel`): a C quantizer reads row ``order[p] / k`` of x itself and writes it as
+   int16 per 32-value block, and *one dispatch* of the matvec computes every used expert's rows (the
+   expert table read on the device) and writes each row back to its slot: the result is in token order,
+   steps 3-4 do not apply. Otherwise (:func:`grouped_matmul_rows`):
+3. *gather*: ``xs[p] = x[order[p] / k]``: the activations in expert order (contiguous row copies), as f32
+   rows read by both kernels below (``MATVEC_F32_ROWS``, ``MATMUL_F32_ROWS``); then, the microkernel
+   absent (no C compiler, ``MXMOE_CPU_UKERNEL=0``, f32 activations):
    a *loop over the used experts* (``scf.for`` on the host, trip count = number of distinct experts the
    routing picked, so an expert no token chose costs nothing; each used expert has one packed i64,
    ``id | offset << 16 | rows << 40``: up to ``READBACK_ALL_SLOTS`` slots and ``SMALL_ROWS`` tokens all
@@ -495,4 +498,3 @@ def unsort_rounded(b: Body, ys: str, pos: str, k: int, n: int, el: str, T: str) 
     return generic(b, [(pos2, tt([None, k], "i32"), amap(3, "d0, d1"))],
                    [(empty(b, [None, k, n], el, [T]), tt([None, k, n], el), amap(3, "d0, d1, d2"))],
                    ["parallel"] * 3, body, [("%p", "i32"), ("%o", el)])
-
