@@ -192,7 +192,7 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
 def _input_lines(v: str, el_in: str, out: str, rounded_to: str | None) -> list[str]:
     """An epilogue's input ``v`` as f32 ``out``; ``rounded_to``: an f32 input first rounded to that type (the
     reference's rounding point), so that the rounding fuses into the epilogue instead of a pass of its own."""
-    if rounded_to is None or rounded_to == "f32":
+    if rounded_to is None:
         return _to_f32_lines(v, el_in, out)
     if rounded_to == "bf16":
         # round to nearest even on the bits: IREE's bf16 emulation folds an extf(truncf(x)) pair away
@@ -291,7 +291,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
         if ukernel is not None and xel in cpu_ukernel.ACTIVATION_TYPES:
             exes = (f"{fname}_quantize", f"{fname}_ukernel")
             # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
-            deinterleave = v.name == "mxmoe.grouped_matmul_glu" and bool(v.attr("interleaved"))
+            deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
             extra.append(cpu_ukernel.quantize_executable_text(exes[0], ukernel, kk, xel, k if x.rank == 2 else 1))
             extra.append(cpu_ukernel.executable_text(exes[1], ukernel, e, n, kk, bias[1] if bias else None, deinterleave))

@@ -17,6 +17,8 @@ Used by :mod:`cpu_grouped` at every token count when the microkernel object was 
 
 from __future__ import annotations
 
+import re
+
 from mxmoe.compiler.passes.lowering.text import Body, tt
 from mxmoe.compiler.ukernels import MATVEC_SYMBOL, QUANTIZE_SYMBOL
 
@@ -81,11 +83,14 @@ def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int
 
 
 def _executable(exe: str, obj: str, symbol: str, params: str, memrefs: list[tuple[str, str, str]],
-                scalars: list[str], consts: set[int], prelude: list[str], grid: list[str]) -> str:
+                scalars: list[str], prelude: list[str], grid: list[str]) -> str:
     """A ``stream.executable`` @exe whose one function binds ``memrefs`` (name, element type, size SSA
     or constant), then calls ``symbol`` on them and ``scalars``; ``params`` are the dispatch's index
-    operands, ``grid`` the lines of its workgroup count (ending in ``stream.return``)."""
-    lines = [f"%c{v} = arith.constant {v} : index" for v in sorted(consts)] + prelude
+    operands, ``grid`` the lines of its workgroup count (ending in ``stream.return``). Every ``%c<N>``
+    the body names (binding offset 0, sizes, scalars, prelude) is defined as the index constant N."""
+    used = " ".join([*prelude, *scalars, *(size for _, _, size in memrefs), "%c0"])
+    consts = sorted({int(v) for v in re.findall(r"%c(\d+)\b", used)})
+    lines = [f"%c{v} = arith.constant {v} : index" for v in consts] + prelude
     for name, el, size in memrefs:
         lines.append(f"%m_{name} = stream.binding.subspan %b_{name}[%c0] : !stream.binding -> memref<?x{el}>{{{size}}}")
     mtypes = ", ".join(f"memref<?x{el}>" for _, el, _ in memrefs)
@@ -123,8 +128,7 @@ def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int) -
             "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
             "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
     return _executable(exe, obj, QUANTIZE_SYMBOL, "%R: index, %S: index", memrefs,
-                       [f"%c{kk}", f"%c{div}", f"%c{kind}", f"%c{QUANTIZE_ROWS}", "%S", "%wg"],
-                       {0, kk, div, kind, QUANTIZE_ROWS, xq_width(kk), xs_width(kk)}, prelude, grid)
+                       [f"%c{kk}", f"%c{div}", f"%c{kind}", f"%c{QUANTIZE_ROWS}", "%S", "%wg"], prelude, grid)
 
 
 def executable_text(exe: str, obj: str, e: int, n: int, kk: int, bias_el: str | None, deinterleave: bool = False) -> str:
@@ -144,7 +148,6 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, bias_el: str | 
     grid = [f"%tiles = arith.constant {-(-n // TILE_N)} : index", f"%e = arith.constant {e} : index",
             "%slots = arith.minui %S, %e : index", "%one = arith.constant 1 : index",
             "stream.return %tiles, %slots, %one : index, index, index"]
-    consts = {0, 1, xq_width(kk), xs_width(kk), n, kk, kind, TILE_N, e * n * kk // 2, e * n * nb, bias_len, e}
     return _executable(exe, obj, MATVEC_SYMBOL, "%S: index", memrefs,
                        [f"%c{n}", f"%c{kk}", f"%c{kind}", f"%c{int(deinterleave)}", f"%c{TILE_N}", "%tile", "%u"],
-                       consts | {int(deinterleave)}, prelude, grid)
+                       prelude, grid)
