@@ -296,7 +296,7 @@ def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: in
     new = f"{gemm}.sweep"
     plan["kernels"][new] = entry
     n = 2 * plan["layer"]["intermediate"] if gemm == "glu_gemm" else plan["layer"]["hidden"]
-    launch["kernel"], launch["grid"] = new, [launch["grid"][0], f"cdiv({n}, {block_n})"]
+    launch["kernel"], launch["grid"] = new, [launch["grid"][0], f"cdiv({n}, {block_n})", *launch["grid"][2:]]
     plan.pop("cubins", None)
     return plan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxmoe.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER, TRITON_KMAJOR
+from mxmoe.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER_TILED, TRITON_KMAJOR
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ TARGETS = {
     "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", ROW_MAJOR, 32),
     # sm_90: weights decoded in registers by the kernels (the Hopper layout); sm_100: the checkpoint order,
     # fed to Blackwell's native MXFP4 MMA through tl.dot_scaled
-    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", TRITON_HOPPER, 32),
+    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", TRITON_HOPPER_TILED, 32),
     "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", TRITON_KMAJOR, 32),
 }
 

@@ -273,14 +273,15 @@ def _weight_arg(name: str, glob: str | None) -> dict[str, Any]:
 
 def _config_dict(cfg) -> dict[str, int | bool]:
     return {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
-            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "W_TMA": cfg.W_TMA, "GROUP_M": cfg.GROUP_M}
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "W_TMA": cfg.W_TMA, "GROUP_M": cfg.GROUP_M,
+            "SPLIT_K": cfg.SPLIT_K}
 
 
 def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[list[int], str]]) -> dict[str, Any]:
     """The kernel plan of ``layer`` for ``target`` (see ``mxmoe.runtime.triton_kernels.kernel_plan``)."""
     arch = int(target.arch.removeprefix("sm_"))
     E, k, H, I = layer.num_experts, layer.top_k, layer.hidden, layer.intermediate
-    k_contiguous, hopper = LAYOUTS[layer.layout].k_contiguous, LAYOUTS[layer.layout].hopper
+    k_contiguous, hopper, tiled = (getattr(LAYOUTS[layer.layout], f) for f in ("k_contiguous", "hopper", "tiled"))
     experts_pow2 = _pow2(E)
 
     params = {}
@@ -419,16 +420,16 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             INTERLEAVED=layer.interleaved, SWIGLU_OAI=layer.activation == "swiglu_oai",
             ALPHA=layer.alpha, LIMIT=layer.limit, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c13.BLOCK_N, BLOCK_K=c13.BLOCK_K,
-            W_TMA=use_tma(c13, k_contiguous, layer.interleaved), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
-            W_HOPPER=hopper, WIDE_SCALES=True),
+            W_TMA=use_tma(c13, k_contiguous, layer.interleaved, tiled), NUM_EXPERTS=E, GROUP_M=c13.GROUP_M,
+            W_HOPPER=hopper, WIDE_SCALES=True, W_TILES=tiled),
             c13.num_warps, c13.num_stages if k_contiguous else 1)
         # the gemv class: the combine's last program per column tile casts it (one launch fewer)
         fuse_cast = cast is not None and fused_cast(max_tokens)
         comb = add_kernel(f"combine_gemm.{cls_name}", "combine_gemm", comb_args, dict(
             HIDDEN=H, INTERMEDIATE=I, TOP_K=k, HAS_BIAS=layer.w2_bias is not None, K_CONTIGUOUS=k_contiguous,
             BLOCK_M=bm, BLOCK_N=c2.BLOCK_N, BLOCK_K=c2.BLOCK_K,
-            W_TMA=use_tma(c2, k_contiguous), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
-            W_HOPPER=hopper, WIDE_SCALES=True, FUSED_CAST=fuse_cast),
+            W_TMA=use_tma(c2, k_contiguous, tiled=tiled), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
+            W_HOPPER=hopper, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=tiled, SPLIT_K=c2.SPLIT_K),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
         r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
         launches = [
@@ -436,7 +437,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             {"kernel": r_route, "grid": [1] if fused_routing(max_tokens) else [f"cdiv(T, {route_block_t})"]},
             *grouping,
             {"kernel": glu, "grid": ["NB", f"cdiv({2 * I}, {c13.BLOCK_N})"]},
-            {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})"]},
+            {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})", c2.SPLIT_K]},
         ]
         if cast is not None and not fuse_cast:
             launches.append({"kernel": cast, "grid": [f"cdiv(T * {H}, {CAST_BLOCK})"]})

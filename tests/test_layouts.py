@@ -67,17 +67,17 @@ def test_blocksplit_puts_values_b_and_b_plus_16_in_one_byte():
     assert [(b & 15, b >> 4) for b in stored[0].tolist()] == [(i % 16, (i + 16) % 16) for i in range(16)]
 
 
+@pytest.mark.parametrize("layout", [layouts.TRITON_HOPPER, layouts.TRITON_HOPPER_TILED])
 @pytest.mark.parametrize("halves", [False, True])
-def test_hopper_layout_round_trips_through_padding(halves):
+def test_hopper_layout_round_trips_through_padding(halves, layout):
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, size=(2, 40, 48), dtype=np.uint8)  # N = 40 pads to 48, K = 96 to 128
-    form = StoredForm(shape=(2, 40, 48), padded_shape=(2, 48, 64), layout=layouts.TRITON_HOPPER, role="values",
+    form = StoredForm(shape=(2, 40, 48), padded_shape=(2, 48, 64), layout=layout, role="values",
                       pad_halves=halves)
     stored = form.apply("w13", a)
     assert stored.shape == (2, 48, 64) and not np.array_equal(stored[:, :40, :48], a)
     assert np.array_equal(form.invert("w13", stored), a)
-    scales = StoredForm(shape=(2, 40, 3), padded_shape=(2, 48, 4), pad_value=127, layout=layouts.TRITON_HOPPER,
-                        role="scales")
+    scales = StoredForm(shape=(2, 40, 3), padded_shape=(2, 48, 4), pad_value=127, layout=layout, role="scales")
     assert np.array_equal(scales.invert("s", scales.apply("s", a[..., :3])), a[..., :3])
 
 
@@ -96,3 +96,25 @@ def test_hopper_word_holds_its_pairs_at_the_documented_places():
         codes = [((h >> 12) & 8) | ((h >> 6) & 7) for h in halves]
         byte = a[8 * rb + i, 8 * t + 4 * jl + q]
         assert codes == [byte & 15, byte >> 4]
+
+
+@pytest.mark.parametrize("n,kb", [(5760, 1440), (96, 160), (80, 48), (16, 16)])
+def test_hopper_tiles_are_a_permutation_with_contiguous_chunks(n, kb):
+    """Every (row, byte) gets its own offset, and chunk j of a 64-row group (rows g0.., bytes 128j..) is one
+    contiguous run: rows one after another, each row's bytes in order."""
+    offs = layouts.hopper_tile_offsets(n, kb)
+    assert np.array_equal(np.sort(offs.ravel()), np.arange(n * kb))
+    R, B = layouts.HOPPER_TILE_ROWS, layouts.HOPPER_TILE_BYTES
+    for g0 in range(0, n, R):
+        for b0 in range(0, kb, B):
+            chunk = offs[g0:g0 + R, b0:b0 + B].ravel()
+            assert np.array_equal(chunk, chunk[0] + np.arange(chunk.size))
+
+
+def test_hopper_tiled_is_the_hopper_words_moved():
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, size=(2, 96, 160), dtype=np.uint8)
+    words, tiled = layouts.hopper_swizzle(a), layouts.hopper_tiled_swizzle(a)
+    offs = layouts.hopper_tile_offsets(96, 160).ravel()
+    assert np.array_equal(tiled.reshape(2, -1)[:, offs], words.reshape(2, -1))
+    assert np.array_equal(layouts.hopper_tiled_unswizzle(tiled), a)

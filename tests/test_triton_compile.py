@@ -112,7 +112,7 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
     hopper = target == "cuda:sm_90"
-    assert plan["layer"]["layout"] == ("triton-mxfp4-hopper" if hopper else "triton-mxfp4-kmajor")
+    assert plan["layer"]["layout"] == ("triton-mxfp4-hopper-tiled" if hopper else "triton-mxfp4-kmajor")
     assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "sparse", "mid", "prefill", "large"]
     # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2
     assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 128, 1024, 2047, None]

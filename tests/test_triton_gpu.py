@@ -30,7 +30,7 @@ def _compiled(name: str, layer):
         from mxmoe.runtime.triton_kernels.kernel_plan import plan_parameters
 
         plan, binaries = read_bundle(os.path.join(plans, name))
-        assert plan["layer"]["layout"] == "triton-mxfp4-hopper"
+        assert plan["layer"]["layout"] == "triton-mxfp4-hopper-tiled"
         layer = layer.cuda()
         params = plan_parameters(plan, {s["operand"]: getattr(layer, s["operand"]) for s in plan["parameters"].values()})
         return TritonExecutor(plan, params, binaries), layer

@@ -19,7 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 # Without a GPU the launches run under Triton's interpreter: KernelLaunch.launch picks the
 # interpreted twin of each kernel for CPU tensors (no TRITON_INTERPRET needed in this process).
 from mxmoe.runtime.triton_kernels import (  # noqa: E402
-    COL_MAJOR, HOPPER, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
+    COL_MAJOR, HOPPER, HOPPER_TILED, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
 from mxmoe.runtime.triton_kernels.tile_config import shape_classes  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -224,6 +224,8 @@ TMA = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, 
 #: grouped launch order; 3 does not divide the number of row blocks, so the last group is partial
 GROUPED = TileConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2, GROUP_M=3)
 GROUPED_TMA = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W_TMA=True, GROUP_M=2)
+#: the w2 GEMM's K in three ranges (the Hopper path; other layouts ignore SPLIT_K)
+SPLIT3 = TileConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, SPLIT_K=3)
 
 FORWARD_CASES = {
     # name: (T, E, k, H, I, options)
@@ -256,6 +258,20 @@ FORWARD_CASES = {
     # expert land in masked columns), K (160, 96) not of BLOCK_K = 64; the concatenated order falls back
     "t7_hopper_tma": (7, 8, 4, 160, 96, dict(layout=HOPPER, config=TMA)),
     "t7_hopper_tma_concat_falls_back": (7, 8, 2, 96, 160, dict(layout=HOPPER, config=TMA, interleaved=False)),
+    # The tiled Hopper order (sm_90's since 2026-11-24): 64-row groups in 128-byte chunks along K. H = 96 leaves
+    # a 32-row last group and K/2 = 48 one short chunk, K/2 = 160 a 32-byte last chunk (the general
+    # address); H = 256 / I = 512 has whole groups and chunks in both GEMMs (the row + column address); the
+    # gemv class splits the w2 GEMM's K in two, SPLIT3 in three (one 64-deep step each); a TMA config falls
+    # back to plain loads (TMA reads rows); the prefill tile reads 32 bytes a row per step.
+    "t1_hopper_tiled": (1, 8, 2, 96, 160, dict(layout=HOPPER_TILED)),
+    "t3_hopper_tiled_k4_k_chunks": (3, 8, 4, 320, 160, dict(layout=HOPPER_TILED)),
+    "t4_hopper_tiled_whole_groups_and_chunks": (4, 8, 4, 256, 512, dict(layout=HOPPER_TILED)),
+    "t17_hopper_tiled_silu_concat": (17, 8, 4, 96, 320, dict(layout=HOPPER_TILED, activation="silu",
+                                                             interleaved=False)),
+    "t9_hopper_tiled_split3": (9, 8, 2, 96, 160, dict(layout=HOPPER_TILED, config=SPLIT3)),
+    "t7_hopper_tiled_tma_falls_back": (7, 8, 4, 160, 96, dict(layout=HOPPER_TILED, config=TMA)),
+    "t64_hopper_tiled_prefill_tiles": (64, 8, 2, 320, 96, dict(layout=HOPPER_TILED, config=TileConfig(
+        BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4))),
 }
 
 
@@ -347,7 +363,7 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR, HOPPER], ids=lambda lt: lt.name)
+@pytest.mark.parametrize("layout", [ROW_MAJOR, COL_MAJOR, HOPPER, HOPPER_TILED], ids=lambda lt: lt.name)
 @pytest.mark.parametrize("T", [1, 64, 1024, 4096])
 def test_gpu_medium_shape(T, layout):
     x, logits, weights = make_layer(T, 32, 512, 768, seed=T)
@@ -363,6 +379,7 @@ def test_gpu_gpt_oss_20b_shape(T):
     x, logits, weights = make_layer(T, 32, 2880, 2880, seed=T)
     run_and_compare(x, logits, weights, top_k=4)
     run_and_compare(x, logits, weights, top_k=4, layout=HOPPER, wide_scales=False)
+    run_and_compare(x, logits, weights, top_k=4, layout=HOPPER_TILED, wide_scales=False)
 
 
 @pytest.mark.gpu

@@ -8,12 +8,12 @@ here launch the same kernels directly on tensors (tests, experiments)."""
 
 from .aot import aot_compile
 from .grouping import ExpertGroups, group_by_expert
-from .layout import COL_MAJOR, HOPPER, LAYOUTS, ROW_MAJOR, WeightLayout
+from .layout import COL_MAJOR, HOPPER, HOPPER_TILED, LAYOUTS, ROW_MAJOR, WeightLayout
 from .moe import moe_forward, plan_moe_forward
 from .routing import route
 from .tile_config import TileConfig, choose_config
 
 __all__ = [
-    "COL_MAJOR", "ExpertGroups", "HOPPER", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout", "aot_compile",
+    "COL_MAJOR", "ExpertGroups", "HOPPER", "HOPPER_TILED", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout", "aot_compile",
     "choose_config", "group_by_expert", "moe_forward", "plan_moe_forward", "route",
 ]

@@ -18,7 +18,7 @@ import os
 import triton
 import triton.language as tl
 
-from mxmoe.layouts import HOPPER_PAIR_BITS
+from mxmoe.layouts import HOPPER_PAIR_BITS, HOPPER_TILE_BYTES, HOPPER_TILE_ROWS
 
 #: This module is executed once as compiled kernels and, when interpreted kernels are asked for, once
 #: more under TRITON_INTERPRET (see kernels.py): the interpreter cannot run inline PTX.
@@ -58,6 +58,8 @@ P0M, P0R, P1M, P1R, P2M, P2R, P3M, P3R, P3MB, P3RB = map(
     tl.constexpr, (_P0M, _P0R, _P1M, _P1R, _P2M, _P2R, _P3M, _P3R, _P3MB, _P3RB))
 #: a decoded pair's bits are its values times 2^-126
 TWO_126 = tl.constexpr(2.0 ** 126)
+TILE_ROWS = tl.constexpr(HOPPER_TILE_ROWS)
+TILE_BYTES = tl.constexpr(HOPPER_TILE_BYTES)
 
 
 @triton.jit
@@ -154,16 +156,18 @@ def _dot_w_xt(w, x, acc):
 @triton.jit
 def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row, N: tl.constexpr,
                 K: tl.constexpr, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, W_TMA: tl.constexpr, WIDE_SCALES: tl.constexpr):
-    """acc^T [BLOCK_N, BLOCK_M] = W[w_rows] @ a^T over K: the Hopper path's main loop, shared by both GEMMs.
-    ``a_rows`` points at each of the BLOCK_M activation rows; ``tile_row`` is the first of ``w_rows`` (which
-    are then consecutive) for TMA loads."""
+                BLOCK_K: tl.constexpr, W_TMA: tl.constexpr, W_TILES: tl.constexpr, WIDE_SCALES: tl.constexpr,
+                k_lo, k_hi):
+    """acc^T [BLOCK_N, BLOCK_M] = W[w_rows] @ a^T over k in [k_lo, k_hi) (k_lo a multiple of BLOCK_K): the
+    Hopper path's main loop, shared by both GEMMs. ``a_rows`` points at each of the BLOCK_M activation rows;
+    ``tile_row`` is the first of ``w_rows`` (which are then consecutive) for TMA loads."""
+    tl.static_assert(not (W_TMA and W_TILES), "TMA tiles read the row order, not the tiled one")
     if W_TMA:
         desc = _weight_descriptor(w_ptr, N, K, NUM_EXPERTS, BLOCK_N, BLOCK_K)
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     # scales prefetched one K step ahead, as in the dot_scaled loops
-    s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, 0, N, K, BLOCK_K, True)
-    for k0 in range(0, K, BLOCK_K):
+    s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k_lo, N, K, BLOCK_K, True)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         s = s_next
         s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, N, K, BLOCK_K, True)
         k = k0 + tl.arange(0, BLOCK_K)
@@ -171,7 +175,7 @@ def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row
         if W_TMA:
             w = desc.load([expert * N + tile_row, k0 // 2])
         else:
-            w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, N, K, BLOCK_K)
+            w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, N, K, BLOCK_K, W_TILES)
         acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
     return acc_t
 
@@ -187,13 +191,30 @@ def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLO
 
 
 @triton.jit
-def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 TILED: tl.constexpr):
     """Stored bytes [BLOCK_N, BLOCK_K/2] of TRITON_HOPPER values for tile rows ``rows`` (whole 16-row groups).
+    TILED: the TRITON_HOPPER_TILED order (``mxmoe.layouts.hopper_tile_offsets``: 64-row groups stored in
+    128-byte chunks along K; ``k0`` is a multiple of BLOCK_K <= 256, so the tile lies in one chunk ``j``).
+    When N and K/2 are multiples of the group and the chunk, the offset is a row term plus a column term.
     (``_value_tile(...).T`` is the same tensor, but Triton lays the transposed load out differently: other SASS.)"""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
-    return tl.load(w_base + rows[:, None] * (K // 2) + kb[None, :], mask=row_mask[:, None] & (kb[None, :] < K // 2),
-                   other=0)
+    if TILED:
+        tl.static_assert(BLOCK_K <= 2 * TILE_BYTES, "tiled Hopper weights need BLOCK_K <= 256")
+        j = k0 // (2 * TILE_BYTES)
+        chunk = j * TILE_BYTES
+        if N % TILE_ROWS.value == 0 and (K // 2) % TILE_BYTES.value == 0:
+            row_offs = rows // TILE_ROWS * (TILE_ROWS * (K // 2)) + rows % TILE_ROWS * TILE_BYTES
+            offs = row_offs[:, None] + (kb + chunk * (TILE_ROWS - 1))[None, :]
+        else:  # a shorter last group (rows) or chunk (width): the general formula
+            g0 = rows // TILE_ROWS * TILE_ROWS
+            width16 = tl.minimum(TILE_BYTES // 16, (K // 2 - chunk) // 16)  # the chunk's bytes per row / 16
+            row_offs = g0 * (K // 2) + tl.minimum(TILE_ROWS, N - g0) * chunk + (rows - g0) * (width16 * 16)
+            offs = row_offs[:, None] + (kb - chunk)[None, :]
+    else:
+        offs = rows[:, None] * (K // 2) + kb[None, :]
+    return tl.load(w_base + offs, mask=row_mask[:, None] & (kb[None, :] < K // 2), other=0)
 
 
 @triton.jit
@@ -246,7 +267,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
-                    W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False):
+                    W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False, W_TILES: tl.constexpr = False):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
@@ -254,7 +275,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     applied before anything leaves registers. x rows are gathered by token index in the loads.
     W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
     gate/up rows, so that a tile's w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
-    the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply.
+    the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply; W_TILES: its values in the
+    tiled order (``mxmoe.layouts.TRITON_HOPPER_TILED``).
     """
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
@@ -280,7 +302,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
             w_rows, w_mask = half + (c // (BLOCK_N // 2)) * INTERMEDIATE, half < INTERMEDIATE
         tl.static_assert(INTERLEAVED or not W_TMA, "W_TMA needs interleaved gate/up rows")
         acc_t = _hopper_mma(x_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, pid_n * BLOCK_N, 2 * INTERMEDIATE,
-                            HIDDEN, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, WIDE_SCALES)
+                            HIDDEN, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, W_TILES, WIDE_SCALES, 0, HIDDEN)
         if not INTERLEAVED:  # [gate | up] tile rows -> the (gate, up) column pairs the epilogue splits
             acc_t = tl.permute(acc_t.reshape(2, BLOCK_N // 2, BLOCK_M), (1, 0, 2)).reshape(BLOCK_N, BLOCK_M)
         acc = tl.trans(acc_t)
@@ -322,13 +344,13 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
 @triton.jit
 def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The last program to finish column tile ``pid_n`` writes its [T, BLOCK_N] sums to ``cast_ptr`` in the
+    """The last program (of the row blocks and K splits) to finish column tile ``pid_n`` writes its [T, BLOCK_N] sums to ``cast_ptr`` in the
     output dtype. Programs count themselves in an int32 per column tile kept in row T of ``out_ptr`` (zeroed
     with the accumulator); the count is an acquire-release atomic after a barrier, so the last program
     reads every other program's atomics (from L2)."""
     tl.debug_barrier()
     counter = (out_ptr + num_tokens.to(tl.int64) * HIDDEN).to(tl.pointer_type(tl.int32), bitcast=True) + pid_n
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * tl.num_programs(2) - 1:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         for t0 in range(0, num_tokens, 16):
             t = t0 + tl.arange(0, 16)
@@ -347,7 +369,7 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
                         W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False,
-                        FUSED_CAST: tl.constexpr = False):
+                        FUSED_CAST: tl.constexpr = False, W_TILES: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
@@ -355,7 +377,10 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     through a TMA descriptor (K-contiguous values only). W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
     FUSED_CAST (the gemv class): ``out_ptr`` has T + 1 rows and the last program of each column tile writes
     the finished [T, BLOCK_N] tile to ``cast_ptr`` in its dtype, so no separate cast launch follows.
+    SPLIT_K (Hopper path): grid axis 2 splits I into that many ranges of whole BLOCK_K steps, each program
+    adding its partial sums (the bias with the first); at one token the w2 GEMM has few programs per SM.
     """
+    tl.static_assert(SPLIT_K == 1 or W_HOPPER, "split-K is built for the Hopper path only")
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
@@ -367,8 +392,15 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
 
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE
     if W_HOPPER:
+        if SPLIT_K == 1:  # constant bounds: run-time ones change how Triton pipelines the loop (slower MMA waits)
+            k_lo, k_hi = 0, INTERMEDIATE
+        else:
+            STEPS_PER_SPLIT: tl.constexpr = ((INTERMEDIATE + BLOCK_K - 1) // BLOCK_K + SPLIT_K - 1) // SPLIT_K
+            k_lo = tl.program_id(2) * (STEPS_PER_SPLIT * BLOCK_K)
+            k_hi = tl.minimum(INTERMEDIATE, k_lo + STEPS_PER_SPLIT * BLOCK_K)
         acc = tl.trans(_hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, cols, col_mask, pid_n * BLOCK_N, HIDDEN,
-                                   INTERMEDIATE, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, WIDE_SCALES))
+                                   INTERMEDIATE, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, W_TILES, WIDE_SCALES,
+                                   k_lo, k_hi))
     else:
         if W_TMA:
             tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
@@ -387,7 +419,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                 w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
             acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]
+        bias = tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)
+        acc += tl.where(tl.program_id(2) == 0, bias, 0.0)[None, :]  # once, with the first K range
 
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
     acc *= tl.load(routing_weights_ptr + pairs, mask=row_mask, other=0.0)[:, None]
@@ -406,7 +439,7 @@ def hopper_decode_kernel(w_ptr, s_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     expert = tl.full([], 0, tl.int32)
-    w = _hopper_tile(w_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K)
+    w = _hopper_tile(w_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K, False)
     s = _scale_tile(s_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K, True)
     k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * K + k[None, :], _hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES),

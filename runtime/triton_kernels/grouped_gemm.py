@@ -79,9 +79,9 @@ def plan_glu_gemm(x: torch.Tensor, groups: ExpertGroups, w13: torch.Tensor, w13_
              INTERLEAVED=bool(interleaved), SWIGLU_OAI=activation == "swiglu_oai",
              ALPHA=float(alpha), LIMIT=float(limit), K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous, interleaved),
+             W_TMA=use_tma(config, layout.k_contiguous, interleaved, layout.tiled),
              NUM_EXPERTS=num_experts, GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper,
-             WIDE_SCALES=bool(wide_scales)),
+             WIDE_SCALES=bool(wide_scales), W_TILES=layout.tiled),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config))
     return launch, act
 
@@ -101,7 +101,8 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
     hidden = out.shape[1]
     _check_weights(w2, w2_scale, w2_bias, layout, hidden, intermediate, num_experts, "w2")
     return KernelLaunch(
-        "combine_gemm", combine_gemm_kernel, (groups.num_blocks, triton.cdiv(hidden, config.BLOCK_N)),
+        "combine_gemm", combine_gemm_kernel,
+        (groups.num_blocks, triton.cdiv(hidden, config.BLOCK_N), config.SPLIT_K if layout.hopper else 1),
         dict(act_ptr=act, w_ptr=w2, s_ptr=w2_scale,
              bias_ptr=w2_bias if w2_bias is not None else _no_bias(act.device),
              routing_weights_ptr=routing_weights, out_ptr=out,
@@ -111,8 +112,9 @@ def plan_combine_gemm(act: torch.Tensor, groups: ExpertGroups, routing_weights: 
         dict(HIDDEN=hidden, INTERMEDIATE=intermediate, TOP_K=top_k, HAS_BIAS=w2_bias is not None,
              K_CONTIGUOUS=layout.k_contiguous,
              BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-             W_TMA=use_tma(config, layout.k_contiguous), NUM_EXPERTS=num_experts,
-             GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales), FUSED_CAST=False),
+             W_TMA=use_tma(config, layout.k_contiguous, tiled=layout.tiled), NUM_EXPERTS=num_experts,
+             GROUP_M=config.GROUP_M, W_HOPPER=layout.hopper, WIDE_SCALES=bool(wide_scales), FUSED_CAST=False,
+             W_TILES=layout.tiled, SPLIT_K=config.SPLIT_K if layout.hopper else 1),
         num_warps=config.num_warps, num_stages=_pipeline_stages(layout, config),
         dynamic_ints=frozenset({"num_tokens"}))
 

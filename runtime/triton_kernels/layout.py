@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mxmoe.layouts import TRITON_HOPPER, TRITON_KMAJOR, hopper_swizzle, hopper_unswizzle
+from mxmoe.layouts import (TRITON_HOPPER, TRITON_HOPPER_TILED, TRITON_KMAJOR, hopper_swizzle, hopper_tiled_swizzle,
+                           hopper_tiled_unswizzle, hopper_unswizzle)
 
 
 @dataclass(frozen=True)
@@ -19,17 +20,19 @@ class WeightLayout:
     """``k_contiguous``: stored [E, N, K/2] / [E, N, K/32] (each output row's bytes contiguous along K)
     when True; stored [E, K/2, N] / [E, K/32, N] (N contiguous) when False. ``hopper``: the values are in
     :data:`mxmoe.layouts.TRITON_HOPPER` order (K-contiguous rows of re-arranged bytes, same shape), read
-    by the kernels' decode-in-registers path."""
+    by the kernels' decode-in-registers path. ``tiled``: Hopper words stored tile by tile
+    (:data:`mxmoe.layouts.TRITON_HOPPER_TILED`, same shape)."""
 
     name: str
     k_contiguous: bool
     hopper: bool = False
+    tiled: bool = False
 
     def swizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Checkpoint tensors -> what the kernels read (a new contiguous copy when the order changes)."""
         _check_logical(w, w_scale)
         if self.hopper:
-            return _on_host(hopper_swizzle, w), w_scale.contiguous()
+            return _on_host(hopper_tiled_swizzle if self.tiled else hopper_swizzle, w), w_scale.contiguous()
         if self.k_contiguous:
             return w.contiguous(), w_scale.contiguous()
         return w.transpose(-1, -2).contiguous(), w_scale.transpose(-1, -2).contiguous()
@@ -37,7 +40,7 @@ class WeightLayout:
     def unswizzle(self, w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inverse of :meth:`swizzle`."""
         if self.hopper:
-            out = _on_host(hopper_unswizzle, w), w_scale.contiguous()
+            out = _on_host(hopper_tiled_unswizzle if self.tiled else hopper_unswizzle, w), w_scale.contiguous()
         elif self.k_contiguous:
             out = w.contiguous(), w_scale.contiguous()
         else:
@@ -78,7 +81,10 @@ LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}
 #: The layout the compiler assigns for cuda targets (``mxmoe.layouts.TRITON_KMAJOR``): the checkpoint's
 #: K-contiguous order, so its stored-form transform is the identity and scales stay [E, N, K/32].
 KMAJOR = WeightLayout(TRITON_KMAJOR, k_contiguous=True)
-#: What the compiler assigns for sm_90: the Hopper decode layout (``mxmoe.layouts.TRITON_HOPPER``).
+#: The Hopper decode layout (``mxmoe.layouts.TRITON_HOPPER``): rows of re-arranged words.
 HOPPER = WeightLayout(TRITON_HOPPER, k_contiguous=True, hopper=True)
-LAYOUTS[KMAJOR.name] = KMAJOR
-LAYOUTS[HOPPER.name] = HOPPER
+#: What the compiler assigns for sm_90: the same words stored tile by tile
+#: (``mxmoe.layouts.TRITON_HOPPER_TILED``).
+HOPPER_TILED = WeightLayout(TRITON_HOPPER_TILED, k_contiguous=True, hopper=True, tiled=True)
+for _layout in (KMAJOR, HOPPER, HOPPER_TILED):
+    LAYOUTS[_layout.name] = _layout

@@ -29,6 +29,9 @@ class TileConfig:
     #: share a weight tile); G > 0 = G row blocks across all column tiles at a time (programs in flight
     #: share activation rows), see ``_gemm_kernels._tile_coords``
     GROUP_M: int = 0
+    #: the w2 GEMM's K (I) split over this many programs that add their partial sums (Hopper path only;
+    #: see ``HOPPER_COMBINE_SPLIT_K``)
+    SPLIT_K: int = 1
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -37,6 +40,8 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if self.GROUP_M < 0:
             raise ValueError(f"TileConfig.GROUP_M must be >= 0, got {self.GROUP_M}")
+        if self.SPLIT_K < 1:
+            raise ValueError(f"TileConfig.SPLIT_K must be >= 1, got {self.SPLIT_K}")
         if self.BLOCK_K < 64:
             raise ValueError("TileConfig.BLOCK_K must be >= 64 (two MXFP4 scale groups per packed row)")
 
@@ -84,11 +89,11 @@ def shape_classes(num_experts: int, top_k: int) -> tuple[tuple[str, int | None],
     return (*classes, ("large", None))
 
 
-def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True) -> bool:
+def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True, tiled: bool = False) -> bool:
     """Whether a GEMM loads its weight tiles through TMA: asked by the tile config and possible for the
     layout (a tile's weight rows must be consecutive rows of K-contiguous bytes; for w13 that needs
-    the interleaved gate/up order)."""
-    return bool(config.W_TMA and k_contiguous and interleaved)
+    the interleaved gate/up order; the tiled Hopper order is not rows at all)."""
+    return bool(config.W_TMA and k_contiguous and interleaved and not tiled)
 
 
 def fused_routing(max_tokens: int | None) -> bool:
@@ -128,14 +133,22 @@ def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
 #: warpgroup moved 1.7-2.1 TB/s where the dot_scaled tiles moved 1.2-1.5; at 16384 tokens the 256-row
 #: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387). TMA weight tiles (the last field)
 #: work on this path too but were no faster in any class (within +-2%, mid and prefill 3-7% slower).
+#: Since the tiled layout (mxmoe.layouts.TRITON_HOPPER_TILED) mid runs 4 warps: with 8 it was 5-6% slower
+#: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24).
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),
     "decode": (16, 64, 256, 4, 3, 0, False),
     "sparse": (32, 128, 128, 4, 3, 0, False),
-    "mid": (64, 128, 128, 8, 3, 0, False),
+    "mid": (64, 128, 128, 4, 3, 0, False),
     "prefill": (128, 128, 64, 8, 4, 0, False),
     "large": (256, 128, 64, 8, 4, 4, False),
 }
+
+#: Classes whose w2 GEMM splits K (I) in two on the Hopper path. At 1 token it has one program per
+#: (expert, 64 columns): 180 for gpt-oss-20b, under 1.4 per SM; split in two, the H100 probe
+#: (docs/nvidia.md) moved 1.49 instead of 1.27 TB/s. At 8 tokens there are enough programs already and the
+#: split was 4% slower; the w13 GEMM gained nothing from splitting (and would need its GLU after the sum).
+HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 
 
 def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False) -> TileConfig:
@@ -150,11 +163,13 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
         raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
-    tma, group_m = False, 0
+    tma, group_m, split_k = False, 0, 1
     if hopper:
         if name not in HOPPER_TILES:
             raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
         block_m, block_n, block_k, warps, stages, group_m, tma = HOPPER_TILES[name]
+        if gemm == "combine":
+            split_k = HOPPER_COMBINE_SPLIT_K.get(name, 1)
     elif name == "gemv":
         # About one row per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
         # small CTAs (narrow N, 2 warps) and issue long K loads.
@@ -193,7 +208,7 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     # Don't tile far past tiny problems (tests, small models).
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
-    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m)
+    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m, SPLIT_K=split_k)
 
 
 def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu", *,
