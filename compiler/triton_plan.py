@@ -307,6 +307,8 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
         # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
         # extra row (zeroed with the sums); see combine_gemm_kernel
+        # the gemv class's router counts its programs here (router_route_group)
+        "route_counter": {"dtype": "int32", "shape": [1], "init": "zeros"},
         "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
                         "init": "zeros"},
     }
@@ -327,37 +329,42 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     router_ep2 = max(16, experts_pow2)  # tl.dot needs N >= 16
     route_block_t = max(1, min(64, 4096 // router_ep2))
 
-    def router_kernels(cls_name: str, max_tokens: int | None, bm: int, group_chunk: int) -> tuple[str, str, int, int, int]:
-        """(gemm entry, route entry, H per split, splits, gemm BLOCK_T) for a shape class: few tokens
-        split the router weight's H across programs to stream it at bandwidth, and route and group in one
-        program (``route_and_group``); many tokens don't need to split and group in their own launches."""
+    def router_launches(cls_name: str, max_tokens: int | None, bm: int, group_chunk: int) -> tuple[list, int]:
+        """(launches, splits) of the router and routing for a shape class: few tokens split the router
+        weight's H across programs to stream it at bandwidth; at 1-4 tokens one launch also routes and
+        groups, in the last router program to finish (``router_route_group``); many tokens don't split,
+        and route and group in their own launches."""
         if is_few_tokens(max_tokens):
             block_t, h_per_split = 16, min(H, 256)
         else:
             block_t, h_per_split = 64, H
         splits = -(-H // h_per_split)
-        gemm = add_kernel(f"router_gemm.{cls_name}", "router_gemm", [
+        router_args = [
             _arg("x_ptr", "input"), _arg("w_ptr", "param", layer.router_weight),
-            _arg("partial_ptr", "buffer", "router_partials"), _arg("num_tokens", "expr", expr="T", type="i32"),
-        ], dict(HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_ep2, H_PER_SPLIT=h_per_split,
-                IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t, BLOCK_H=max(16, min(64, _pow2(h_per_split)))),
-            4, 2)
-        route_args = [
-            _arg("partial_ptr", "buffer", "router_partials"), _weight_arg("b_ptr", layer.router_bias),
-            _arg("weights_ptr", "buffer", "routing_weights"), _arg("ids_ptr", "buffer", "expert_ids"),
-            _arg("num_tokens", "expr", expr="T", type="i32")]
+            _arg("partial_ptr", "buffer", "router_partials"), _arg("num_tokens", "expr", expr="T", type="i32")]
+        router_consts = dict(HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_ep2, H_PER_SPLIT=h_per_split,
+                             IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t,
+                             BLOCK_H=max(16, min(64, _pow2(h_per_split))))
         route_consts = dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=router_ep2, SLOTS_POW2=_pow2(k), SPLITS=splits,
                             HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
                             BLOCK_T=route_block_t,
                             SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
-        if fused_routing(max_tokens):  # one program routes all tokens and groups their pairs: one launch
-            route = add_kernel(f"route_and_group.{cls_name}", "route_and_group", route_args + group_args[1:-2] + [
-                _arg("num_blocks", "expr", expr="NB", type="i32")],
-                dict(route_consts, BLOCK_T=_pow2(max_tokens), GROUP_EXPERTS_POW2=experts_pow2, BLOCK_M=bm,
-                     CHUNK=group_chunk), 8, 1)
-        else:
-            route = add_kernel(f"route.{cls_name}", "route_partials", route_args, route_consts, 4, 1)
-        return gemm, route, h_per_split, splits, block_t
+        if fused_routing(max_tokens):  # router, routing and grouping of all tokens: one launch
+            assert max_tokens <= block_t, "one row of router programs must hold every token"
+            fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", router_args + [
+                _weight_arg("b_ptr", layer.router_bias), _arg("weights_ptr", "buffer", "routing_weights"),
+                _arg("ids_ptr", "buffer", "expert_ids")] + group_args[1:-2] + [
+                _arg("num_blocks", "expr", expr="NB", type="i32"), _arg("counter_ptr", "buffer", "route_counter")],
+                {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t, "BLOCK_T": _pow2(max_tokens),
+                 "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm, "CHUNK": group_chunk}, 4, 2)
+            return [{"kernel": fused, "grid": [1, "RS"]}], splits
+        gemm = add_kernel(f"router_gemm.{cls_name}", "router_gemm", router_args, router_consts, 4, 2)
+        route = add_kernel(f"route.{cls_name}", "route_partials", [
+            _arg("partial_ptr", "buffer", "router_partials"), _weight_arg("b_ptr", layer.router_bias),
+            _arg("weights_ptr", "buffer", "routing_weights"), _arg("ids_ptr", "buffer", "expert_ids"),
+            _arg("num_tokens", "expr", expr="T", type="i32")], route_consts, 4, 1)
+        return [{"kernel": gemm, "grid": [f"cdiv(T, {block_t})", "RS"]},
+                {"kernel": route, "grid": [f"cdiv(T, {route_block_t})"]}], splits
 
     pairs = f"T * {k}"
     group_args = [
@@ -391,7 +398,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if fused_routing(max_tokens):  # the routing program sorts the pairs too (route_and_group)
+        if fused_routing(max_tokens):  # the routing program sorts the pairs too (router_route_group)
             grouping = []
         elif is_few_tokens(max_tokens):  # few pairs: one program sorts them all
             grouping = [({"kernel": add_kernel(f"group_by_expert.{cls_name}", "group_by_expert", group_args,
@@ -431,10 +438,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             W_TMA=use_tma(c2, k_contiguous, tiled=tiled), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
             W_HOPPER=hopper, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=tiled, SPLIT_K=c2.SPLIT_K),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
-        r_gemm, r_route, _, splits, r_block_t = router_kernels(cls_name, max_tokens, bm, sub)
+        routing, splits = router_launches(cls_name, max_tokens, bm, sub)
         launches = [
-            {"kernel": r_gemm, "grid": [f"cdiv(T, {r_block_t})", "RS"]},
-            {"kernel": r_route, "grid": [1] if fused_routing(max_tokens) else [f"cdiv(T, {route_block_t})"]},
+            *routing,
             *grouping,
             {"kernel": glu, "grid": ["NB", f"cdiv({2 * I}, {c13.BLOCK_N})"]},
             {"kernel": comb, "grid": ["NB", f"cdiv({H}, {c2.BLOCK_N})", c2.SPLIT_K]},

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import threading
 import warnings
 from typing import Any, Mapping
@@ -291,8 +292,17 @@ class TritonExecutor:
     def _run(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor:
         buffer_specs, steps = self._launches(num_tokens)
         buffers = {}
+        zeroed = [(name, shp, dtype) for name, shp, dtype, zero in buffer_specs if zero]
         for name, shp, dtype, zero in buffer_specs:
-            buffers[name] = (torch.zeros if zero else torch.empty)(shp, dtype=dtype, device=self.device)
+            if not zero:
+                buffers[name] = torch.empty(shp, dtype=dtype, device=self.device)
+        # every zero-initialised buffer is a view of one zeroed allocation: one memset per forward
+        sizes = [-(-math.prod(shp) * dtype.itemsize // 256) * 256 for _, shp, dtype in zeroed]
+        pool = torch.zeros(sum(sizes), dtype=torch.uint8, device=self.device)
+        offset = 0
+        for (name, shp, dtype), size in zip(zeroed, sizes):
+            buffers[name] = pool[offset:offset + math.prod(shp) * dtype.itemsize].view(dtype).view(shp)
+            offset += size
         if self.mode == "interpret":
             from mxmoe.runtime.triton_kernels.kernels import interpreter_scope
 

@@ -156,6 +156,38 @@ def test_group_by_expert(case, block_m):
     assert sum(-(-int(c) // block_m) for c in counts) == int((groups.block_expert >= 0).sum())
 
 
+def test_route_and_group_kernel_of_earlier_plans():
+    """gemv plans compiled before the router was folded into their routing launch name ``route_and_group``
+    (their JIT fallback runs it): it still routes like ``route`` and groups like ``group_by_expert``."""
+    from mxmoe.runtime.triton_kernels._launch import KernelLaunch
+    from mxmoe.runtime.triton_kernels._routing_kernel import route_and_group_kernel
+
+    T, E, k, block_m = 3, 8, 2, 16
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    partials = torch.full((1, T, 16), -1.0, device=DEVICE)
+    partials[0, :, :E] = logits
+    nb = T * k // block_m + min(E, T * k)
+    out = dict(weights_ptr=torch.empty(T, k, device=DEVICE), ids_ptr=torch.empty(T, k, dtype=torch.int32, device=DEVICE),
+               sorted_pairs_ptr=torch.empty(T * k, dtype=torch.int32, device=DEVICE),
+               expert_offsets_ptr=torch.empty(E + 1, dtype=torch.int32, device=DEVICE),
+               block_expert_ptr=torch.empty(nb, dtype=torch.int32, device=DEVICE),
+               block_start_ptr=torch.empty(nb, dtype=torch.int32, device=DEVICE))
+    KernelLaunch("route_and_group", route_and_group_kernel, (1,), dict(
+        partial_ptr=partials, b_ptr=torch.empty(0, device=DEVICE), weights_ptr=out["weights_ptr"],
+        ids_ptr=out["ids_ptr"], num_tokens=T, sorted_pairs_ptr=out["sorted_pairs_ptr"],
+        expert_offsets_ptr=out["expert_offsets_ptr"], block_expert_ptr=out["block_expert_ptr"],
+        block_start_ptr=out["block_start_ptr"], num_blocks=nb),
+        dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=16, SLOTS_POW2=2, SPLITS=1, HAS_BIAS=False, ROUND_LOGITS_BF16=False,
+             BLOCK_T=4, SOFTMAX_OVER_ALL=False, GROUP_EXPERTS_POW2=8, BLOCK_M=block_m, CHUNK=16),
+        num_warps=4, num_stages=1).launch()
+    weights, ids = route(logits, k)
+    assert torch.equal(out["ids_ptr"].cpu(), ids.int().cpu())
+    torch.testing.assert_close(out["weights_ptr"].cpu(), weights.float().cpu())
+    groups = group_by_expert(ids.int(), E, block_m)
+    for name in ("sorted_pairs", "expert_offsets", "block_expert", "block_start"):
+        assert torch.equal(out[f"{name}_ptr"].cpu(), getattr(groups, name).cpu()), name
+
+
 # ---------------------------------------------------------------- layout and configs
 
 @pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))

@@ -76,6 +76,14 @@ def router_gemm_kernel(x_ptr, w_ptr, partial_ptr, num_tokens,
     bf16 products, summed in fp32; Triton 3.9's interpreter also mis-multiplies bf16 dots), or fp32
     with IEEE_FP32 for a full-precision dot.
     """
+    _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
+                    BLOCK_T, BLOCK_H)
+
+
+@triton.jit
+def _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens,
+                    HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                    H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     experts = tl.arange(0, EXPERTS_POW2)
@@ -98,6 +106,31 @@ def router_gemm_kernel(x_ptr, w_ptr, partial_ptr, num_tokens,
 
 
 @triton.jit
+def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr,
+                              sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
+                              counter_ptr,
+                              HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                              H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, ROUTER_BLOCK_T: tl.constexpr,
+                              BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+                              SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
+                              BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """The router of up to BLOCK_T tokens, split along H over the grid's SPLITS programs
+    (:func:`router_gemm_kernel`), and in the last of them to finish the routing and grouping of
+    :func:`route_and_group_kernel`: one launch for all of it at 1-4 tokens. Programs count themselves in
+    ``counter_ptr`` (zeroed by the caller) after a CTA barrier with an acquire-release atomic, so the last
+    one reads every partial sum. ROUTER_BLOCK_T (>= BLOCK_T, and >= 16 for the dot) tokens per partial."""
+    _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
+                    ROUTER_BLOCK_T, BLOCK_H)
+    tl.debug_barrier()
+    if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, sorted_pairs_ptr, expert_offsets_ptr,
+                         block_expert_ptr, block_start_ptr, num_blocks, NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2,
+                         SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M,
+                         CHUNK)
+
+
+@triton.jit
 def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                           NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                           SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -117,13 +150,26 @@ def route_and_group_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                            ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                            SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
                            BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
-    """Routing and grouping of up to BLOCK_T tokens in one program (one launch fewer for decode): the
-    routing of :func:`route_partials_kernel`, a CTA barrier (the grouping reads the ids this program
-    just stored), then :func:`group_pairs`."""
+    """Routing and grouping of up to BLOCK_T tokens in one program: the routing of
+    :func:`route_partials_kernel`, a CTA barrier (the grouping reads the ids this program just stored),
+    then :func:`group_pairs`. Plans now fold this into :func:`router_route_group_kernel`; gemv plans compiled
+    before 2026-11-24 name it (their JIT fallback needs it)."""
+    _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, sorted_pairs_ptr, expert_offsets_ptr,
+                     block_expert_ptr, block_start_ptr, num_blocks, NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2,
+                     SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
+
+
+@triton.jit
+def _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
+                     sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
+                     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                     SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
+                     GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
     _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, 0,
                     NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
                     SOFTMAX_OVER_ALL)
-    tl.debug_barrier()
+    tl.debug_barrier()  # the grouping reads the ids this program just stored
     group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                 num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
 
@@ -144,7 +190,8 @@ def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_
     expert_mask = experts < NUM_EXPERTS
     acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
     for s in tl.static_range(SPLITS):
-        acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :])
+        acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :],
+                       cache_modifier=".cg")  # written by other programs (router_route_group_kernel)
     if HAS_BIAS:
         acc += tl.load(b_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
     if ROUND_LOGITS_BF16:

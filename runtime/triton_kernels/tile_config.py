@@ -97,9 +97,10 @@ def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True, ti
 
 
 def fused_routing(max_tokens: int | None) -> bool:
-    """Whether a class routes and groups in one program (``route_and_group``): measured on the H100 it
-    saves 4-9% of the whole layer at 1 token, and at 8-64 tokens it was 0-5% slower than the two launches
-    (one program then does the top-k of 64 padded tokens), so only the gemv class fuses."""
+    """Whether a class runs router, routing and grouping in one launch (``router_route_group``: the last
+    router program routes and groups). On the H100 routing and grouping in one program saved 4-9% of the
+    whole layer at 1 token and the router folded in another 1-2%; at 8-64 tokens one routing program was
+    0-5% slower than separate launches (it does the top-k of 64 padded tokens), so only the gemv class fuses."""
     return max_tokens is not None and max_tokens <= GEMV_MAX_TOKENS
 
 
