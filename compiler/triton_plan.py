@@ -305,10 +305,10 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "block_expert": {"dtype": "int32", "shape": ["NB"]},
         "block_start": {"dtype": "int32", "shape": ["NB"]},
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
-        # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
-        # extra row (zeroed with the sums); see combine_gemm_kernel
         # the gemv class's router counts its programs here (router_route_group)
         "route_counter": {"dtype": "int32", "shape": [1], "init": "zeros"},
+        # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
+        # extra row (zeroed with the sums); see combine_gemm_kernel
         "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
                         "init": "zeros"},
     }

@@ -167,7 +167,8 @@ def test_route_and_group_kernel_of_earlier_plans():
     partials = torch.full((1, T, 16), -1.0, device=DEVICE)
     partials[0, :, :E] = logits
     nb = T * k // block_m + min(E, T * k)
-    out = dict(weights_ptr=torch.empty(T, k, device=DEVICE), ids_ptr=torch.empty(T, k, dtype=torch.int32, device=DEVICE),
+    out = dict(weights_ptr=torch.empty(T, k, device=DEVICE),
+               ids_ptr=torch.empty(T, k, dtype=torch.int32, device=DEVICE),
                sorted_pairs_ptr=torch.empty(T * k, dtype=torch.int32, device=DEVICE),
                expert_offsets_ptr=torch.empty(E + 1, dtype=torch.int32, device=DEVICE),
                block_expert_ptr=torch.empty(nb, dtype=torch.int32, device=DEVICE),

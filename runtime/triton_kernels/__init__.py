@@ -14,6 +14,6 @@ from .routing import route
 from .tile_config import TileConfig, choose_config
 
 __all__ = [
-    "COL_MAJOR", "ExpertGroups", "HOPPER", "HOPPER_TILED", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout", "aot_compile",
-    "choose_config", "group_by_expert", "moe_forward", "plan_moe_forward", "route",
+    "COL_MAJOR", "ExpertGroups", "HOPPER", "HOPPER_TILED", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout",
+    "aot_compile", "choose_config", "group_by_expert", "moe_forward", "plan_moe_forward", "route",
 ]

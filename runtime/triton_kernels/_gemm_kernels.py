@@ -344,10 +344,10 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
 @triton.jit
 def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The last program (of the row blocks and K splits) to finish column tile ``pid_n`` writes its [T, BLOCK_N] sums to ``cast_ptr`` in the
-    output dtype. Programs count themselves in an int32 per column tile kept in row T of ``out_ptr`` (zeroed
-    with the accumulator); the count is an acquire-release atomic after a barrier, so the last program
-    reads every other program's atomics (from L2)."""
+    """The last program (of the row blocks and K splits) to finish column tile ``pid_n`` writes its
+    [T, BLOCK_N] sums to ``cast_ptr`` in the output dtype. Programs count themselves in an int32 per column
+    tile kept in row T of ``out_ptr`` (zeroed with the accumulator); the count is an acquire-release atomic
+    after a barrier, so the last program reads every other program's atomics (from L2)."""
     tl.debug_barrier()
     counter = (out_ptr + num_tokens.to(tl.int64) * HIDDEN).to(tl.pointer_type(tl.int32), bitcast=True) + pid_n
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * tl.num_programs(2) - 1:

@@ -111,7 +111,8 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
                               counter_ptr,
                               HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                               H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, ROUTER_BLOCK_T: tl.constexpr,
-                              BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr,
+                              BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, SLOTS_POW2: tl.constexpr,
+                              SPLITS: tl.constexpr,
                               HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                               SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
                               BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
