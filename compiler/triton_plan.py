@@ -305,8 +305,8 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "block_expert": {"dtype": "int32", "shape": ["NB"]},
         "block_start": {"dtype": "int32", "shape": ["NB"]},
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
-        # the gemv class's router counts its programs here (router_route_group)
-        "route_counter": {"dtype": "int32", "shape": [1], "init": "zeros"},
+        # the few-token classes' router counts its programs here (router_route_group)
+        "route_counter": {"dtype": "int32", "shape": ["cdiv(T, 16) + 1"], "init": "zeros"},
         # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
         # extra row (zeroed with the sums); see combine_gemm_kernel
         "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
@@ -331,9 +331,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
 
     def router_launches(cls_name: str, max_tokens: int | None, bm: int, group_chunk: int) -> tuple[list, int]:
         """(launches, splits) of the router and routing for a shape class: few tokens split the router
-        weight's H across programs to stream it at bandwidth; at 1-4 tokens one launch also routes and
-        groups, in the last router program to finish (``router_route_group``); many tokens don't split,
-        and route and group in their own launches."""
+        weight's H across programs to stream it at bandwidth, and the same launch routes each token block
+        in its last router program and groups all pairs in the last block routed (``router_route_group``);
+        many tokens don't split, and route and group in their own launches."""
         if is_few_tokens(max_tokens):
             block_t, h_per_split = 16, min(H, 256)
         else:
@@ -349,15 +349,16 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
                             HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
                             BLOCK_T=route_block_t,
                             SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
-        if fused_routing(max_tokens):  # router, routing and grouping of all tokens: one launch
-            assert max_tokens <= block_t, "one row of router programs must hold every token"
+        if fused_routing(max_tokens):  # router, routing and grouping: one launch
+            assert block_t == 16, "route_counter holds one count per 16-token block"
             fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", router_args + [
                 _weight_arg("b_ptr", layer.router_bias), _arg("weights_ptr", "buffer", "routing_weights"),
                 _arg("ids_ptr", "buffer", "expert_ids")] + group_args[1:-2] + [
                 _arg("num_blocks", "expr", expr="NB", type="i32"), _arg("counter_ptr", "buffer", "route_counter")],
-                {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t, "BLOCK_T": _pow2(max_tokens),
-                 "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm, "CHUNK": group_chunk}, 4, 2)
-            return [{"kernel": fused, "grid": [1, "RS"]}], splits
+                {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t,
+                 "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm,
+                 "CHUNK": group_chunk}, 4, 2)
+            return [{"kernel": fused, "grid": [f"cdiv(T, {block_t})", "RS"]}], splits
         gemm = add_kernel(f"router_gemm.{cls_name}", "router_gemm", router_args, router_consts, 4, 2)
         route = add_kernel(f"route.{cls_name}", "route_partials", [
             _arg("partial_ptr", "buffer", "router_partials"), _weight_arg("b_ptr", layer.router_bias),
@@ -398,12 +399,8 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if fused_routing(max_tokens):  # the routing program sorts the pairs too (router_route_group)
+        if fused_routing(max_tokens):  # few pairs: the routing launch sorts them too (router_route_group)
             grouping = []
-        elif is_few_tokens(max_tokens):  # few pairs: one program sorts them all
-            grouping = [({"kernel": add_kernel(f"group_by_expert.{cls_name}", "group_by_expert", group_args,
-                                               dict(NUM_EXPERTS=E, EXPERTS_POW2=experts_pow2, BLOCK_M=bm, CHUNK=sub),
-                                               8, 1), "grid": [1]})]
         else:  # many pairs: per-chunk histograms, one scan, a parallel scatter (same result)
             hist = add_kernel("chunk_histogram", "chunk_histogram", [
                 _arg("ids_ptr", "buffer", "expert_ids"), _arg("chunk_counts_ptr", "buffer", "chunk_counts"),

@@ -57,9 +57,9 @@ CASES = {
     # T=2 (gemv class, the combine casts its own tiles): both tokens on expert 5, so row blocks stay empty
     "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [2, 20], "one"),
     "experts_without_tokens_k1": (_cfg(k=1), torch.bfloat16, [9], "odd_off"),
-    # H = 640: the few-token router splits H over 3 programs (256 + 256 + 128); at 1-4 tokens the last of
-    # them to finish routes and groups (router_route_group), at 9 a separate launch sums the partials
-    "router_split_over_h": (_cfg(H=640, k=4), torch.bfloat16, [1, 4, 9], None),
+    # H = 640: the few-token router splits H over 3 programs (256 + 256 + 128) whose last one routes its
+    # 16-token block; at 40 tokens three blocks, the last one routed groups all pairs (router_route_group)
+    "router_split_over_h": (_cfg(H=640, k=4), torch.bfloat16, [1, 4, 9, 40], None),
 }
 
 
@@ -131,12 +131,11 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     for decode in plan["classes"][:2]:  # gemv and decode: few tokens, one-program grouping
         assert decode["tiles"]["w13"]["BLOCK_M"] == decode["tiles"]["w2"]["BLOCK_M"] == 16
         kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in decode["launches"]]
-        # gemv: one launch routes (the last router program routes and groups), the combine casts its
-        # finished tiles itself (no cast launch; its counts take one more accumulator row) and on sm_90
-        # splits K in two; decode: router, routing, grouping and cast launches of their own
+        # both: one launch routes and groups (router_route_group); gemv: the combine casts its finished tiles
+        # itself (no cast launch; its counts take one more accumulator row) and on sm_90 splits K in two;
+        # decode: a cast launch
         fused = decode["name"] == "gemv"
-        routing = ["router_route_group"] if fused else ["router_gemm", "route_partials", "group_by_expert"]
-        assert kernels == [*routing, "glu_gemm", "combine_gemm"] + ([] if fused else ["cast"])
+        assert kernels == ["router_route_group", "glu_gemm", "combine_gemm"] + ([] if fused else ["cast"])
         comb_launch = next(lc for lc in decode["launches"] if plan["kernels"][lc["kernel"]]["kernel"] == "combine_gemm")
         comb = plan["kernels"][comb_launch["kernel"]]
         assert comb["constexprs"]["FUSED_CAST"] is fused

@@ -116,19 +116,29 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
                               HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                               SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
                               BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
-    """The router of up to BLOCK_T tokens, split along H over the grid's SPLITS programs
-    (:func:`router_gemm_kernel`), and in the last of them to finish the routing and grouping of
-    :func:`route_and_group_kernel`: one launch for all of it at 1-4 tokens. Programs count themselves in
-    ``counter_ptr`` (zeroed by the caller) after a CTA barrier with an acquire-release atomic, so the last
-    one reads every partial sum. ROUTER_BLOCK_T (>= BLOCK_T, and >= 16 for the dot) tokens per partial."""
+    """Router, routing and grouping in one launch (the few-token classes). Program (i, s) computes the router
+    partial sums of token block i (ROUTER_BLOCK_T tokens, >= 16 for the dot) over H split s
+    (:func:`router_gemm_kernel`); the last of a block's SPLITS programs to finish routes its first BLOCK_T
+    tokens (:func:`route_partials_kernel`), and the last block to be routed groups all pairs
+    (:func:`group_pairs`). Programs count themselves in ``counter_ptr`` (cdiv(T, ROUTER_BLOCK_T) + 1 zeroed
+    int32: [0] routed blocks, [1 + i] finished splits of block i) after a CTA barrier with acquire-release
+    atomics, so each last program reads what the others wrote (the acquire makes their stores visible to
+    plain loads)."""
     _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
                     ROUTER_BLOCK_T, BLOCK_H)
     tl.debug_barrier()
-    if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-        _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, sorted_pairs_ptr, expert_offsets_ptr,
-                         block_expert_ptr, block_start_ptr, num_blocks, NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2,
-                         SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M,
-                         CHUNK)
+    block = tl.program_id(0)
+    if tl.atomic_add(counter_ptr + 1 + block, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, block * ROUTER_BLOCK_T,
+                        NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
+                        SOFTMAX_OVER_ALL)
+        tl.debug_barrier()
+        last = True
+        if tl.num_programs(0) > 1:  # one token block (1-16 tokens): no second round trip
+            last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
+        if last:
+            group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                        num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
 
 
 @triton.jit

@@ -98,10 +98,11 @@ def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True, ti
 
 def fused_routing(max_tokens: int | None) -> bool:
     """Whether a class runs router, routing and grouping in one launch (``router_route_group``: the last
-    router program routes and groups). On the H100 routing and grouping in one program saved 4-9% of the
-    whole layer at 1 token and the router folded in another 1-2%; at 8-64 tokens one routing program was
-    0-5% slower than separate launches (it does the top-k of 64 padded tokens), so only the gemv class fuses."""
-    return max_tokens is not None and max_tokens <= GEMV_MAX_TOKENS
+    router program of each 16-token block routes it, the last block routed groups all pairs): the few-token
+    classes, whose router splits H. On the H100 routing and grouping in one program saved 4-9% of the whole
+    layer at 1 token and the router folded in another 1-2%; at 8-64 tokens one program routing all 64 padded
+    tokens had been 0-5% slower, which routing per 16-token block avoids."""
+    return is_few_tokens(max_tokens)
 
 
 def fused_cast(max_tokens: int | None) -> bool:
