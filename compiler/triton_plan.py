@@ -28,7 +28,7 @@ from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
 from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_cast, fused_routing, is_few_tokens,
+from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_cast, is_few_tokens,
                                                       shape_classes, use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
@@ -41,6 +41,8 @@ _DTYPES = {"bf16": "bfloat16", "f32": "float32", "f16": "float16", "i8": "uint8"
 _UNFUSED = {"mxmoe.grouped_matmul", "mxmoe.glu", "mxmoe.combine"}
 #: (token, slot) pairs per program of the parallel grouping kernels
 GROUP_CHUNK = 1024
+#: tokens per router program in the few-token classes (also one routing counter per such block)
+FEW_TOKEN_ROUTER_BLOCK = 16
 
 
 class TritonPlanError(ValueError):
@@ -306,7 +308,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "block_start": {"dtype": "int32", "shape": ["NB"]},
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
         # the few-token classes' router counts its programs here (router_route_group)
-        "route_counter": {"dtype": "int32", "shape": ["cdiv(T, 16) + 1"], "init": "zeros"},
+        "route_counter": {"dtype": "int32", "shape": [f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1"], "init": "zeros"},
         # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
         # extra row (zeroed with the sums); see combine_gemm_kernel
         "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
@@ -334,8 +336,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         weight's H across programs to stream it at bandwidth, and the same launch routes each token block
         in its last router program and groups all pairs in the last block routed (``router_route_group``);
         many tokens don't split, and route and group in their own launches."""
-        if is_few_tokens(max_tokens):
-            block_t, h_per_split = 16, min(H, 256)
+        few = is_few_tokens(max_tokens)
+        if few:
+            block_t, h_per_split = FEW_TOKEN_ROUTER_BLOCK, min(H, 256)
         else:
             block_t, h_per_split = 64, H
         splits = -(-H // h_per_split)
@@ -349,8 +352,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
                             HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
                             BLOCK_T=route_block_t,
                             SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
-        if fused_routing(max_tokens):  # router, routing and grouping: one launch
-            assert block_t == 16, "route_counter holds one count per 16-token block"
+        if few:  # router, routing and grouping: one launch
             fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", router_args + [
                 _weight_arg("b_ptr", layer.router_bias), _arg("weights_ptr", "buffer", "routing_weights"),
                 _arg("ids_ptr", "buffer", "expert_ids")] + group_args[1:-2] + [
@@ -399,7 +401,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if fused_routing(max_tokens):  # few pairs: the routing launch sorts them too (router_route_group)
+        if is_few_tokens(max_tokens):  # few pairs: the routing launch sorts them too (router_route_group)
             grouping = []
         else:  # many pairs: per-chunk histograms, one scan, a parallel scatter (same result)
             hist = add_kernel("chunk_histogram", "chunk_histogram", [

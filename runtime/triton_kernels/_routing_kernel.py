@@ -165,22 +165,10 @@ def route_and_group_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
     :func:`route_partials_kernel`, a CTA barrier (the grouping reads the ids this program just stored),
     then :func:`group_pairs`. Plans now fold this into :func:`router_route_group_kernel`; gemv plans compiled
     before 2026-11-24 name it (their JIT fallback needs it)."""
-    _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, sorted_pairs_ptr, expert_offsets_ptr,
-                     block_expert_ptr, block_start_ptr, num_blocks, NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2,
-                     SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
-
-
-@triton.jit
-def _route_and_group(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
-                     sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
-                     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
-                     SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
-                     GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
     _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, 0,
                     NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
                     SOFTMAX_OVER_ALL)
-    tl.debug_barrier()  # the grouping reads the ids this program just stored
+    tl.debug_barrier()
     group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                 num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
 

@@ -96,15 +96,6 @@ def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True, ti
     return bool(config.W_TMA and k_contiguous and interleaved and not tiled)
 
 
-def fused_routing(max_tokens: int | None) -> bool:
-    """Whether a class runs router, routing and grouping in one launch (``router_route_group``: the last
-    router program of each 16-token block routes it, the last block routed groups all pairs): the few-token
-    classes, whose router splits H. On the H100 routing and grouping in one program saved 4-9% of the whole
-    layer at 1 token and the router folded in another 1-2%; at 8-64 tokens one program routing all 64 padded
-    tokens had been 0-5% slower, which routing per 16-token block avoids."""
-    return is_few_tokens(max_tokens)
-
-
 def fused_cast(max_tokens: int | None) -> bool:
     """Whether a class's combine casts its own finished tiles (the last program per column tile; no cast
     launch). H100, 2026-11-24, three interleaved rounds of the same build with and without: 1 token
@@ -116,7 +107,11 @@ def fused_cast(max_tokens: int | None) -> bool:
 
 def is_few_tokens(max_tokens: int | None) -> bool:
     """Whether a class (by its largest token count) is memory-bound decode: its router splits H across
-    programs and one program groups all pairs (see compiler/triton_plan.py)."""
+    programs, and the same launch routes and groups (``router_route_group``: the last router program of each
+    16-token block routes it, the last block routed groups all pairs; see compiler/triton_plan.py). On the
+    H100 routing and grouping in one program saved 4-9% of the whole layer at 1 token and the router folded
+    in another 1-2%; at 8-64 tokens one program routing all 64 padded tokens had been 0-5% slower, which
+    routing per 16-token block avoids."""
     return max_tokens is not None and max_tokens <= DECODE_MAX_TOKENS
 
 
