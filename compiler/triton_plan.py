@@ -43,6 +43,20 @@ _UNFUSED = {"mxmoe.grouped_matmul", "mxmoe.glu", "mxmoe.combine"}
 GROUP_CHUNK = 1024
 #: tokens per router program in the few-token classes (also one routing counter per such block)
 FEW_TOKEN_ROUTER_BLOCK = 16
+#: H per router program in the few-token classes, loaded in one step. H100, gpt-oss, 2026-11-24 (the router
+#: launch alone, CUPTI): 256 in four 64-wide steps 9.7 us at 1 token; one 256-wide step 8.0; 128 8.0; 64 8.1
+#: (all with the grouping below still at CHUNK 256).
+FEW_TOKEN_ROUTER_H = 128
+
+
+def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
+    """(token, slot) pairs per step of the grouping inside ``router_route_group``: the class's largest pair
+    count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot with a column scan,
+    so a chunk far past the pairs there are is wasted work on the launch's critical path: on the H100 the
+    gemv class at CHUNK 256 (gpt-oss-20b) spent ~4.7 of its router launch's 9.7 us there, at 16 it takes
+    4.9 us in all; for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of 16-256 at 8, 16, 33 and 64
+    tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1)."""
+    return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
 
 
 class TritonPlanError(ValueError):
@@ -331,35 +345,38 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
     router_ep2 = max(16, experts_pow2)  # tl.dot needs N >= 16
     route_block_t = max(1, min(64, 4096 // router_ep2))
 
-    def router_launches(cls_name: str, max_tokens: int | None, bm: int, group_chunk: int) -> tuple[list, int]:
+    def router_launches(cls_name: str, max_tokens: int | None, bm: int) -> tuple[list, int]:
         """(launches, splits) of the router and routing for a shape class: few tokens split the router
         weight's H across programs to stream it at bandwidth, and the same launch routes each token block
         in its last router program and groups all pairs in the last block routed (``router_route_group``);
         many tokens don't split, and route and group in their own launches."""
         few = is_few_tokens(max_tokens)
         if few:
-            block_t, h_per_split = FEW_TOKEN_ROUTER_BLOCK, min(H, 256)
+            block_t, h_per_split = FEW_TOKEN_ROUTER_BLOCK, min(H, FEW_TOKEN_ROUTER_H)
+            block_h = max(16, _pow2(h_per_split))  # each program loads its slice at once
         else:
             block_t, h_per_split = 64, H
+            block_h = max(16, min(64, _pow2(h_per_split)))
         splits = -(-H // h_per_split)
         router_args = [
             _arg("x_ptr", "input"), _arg("w_ptr", "param", layer.router_weight),
             _arg("partial_ptr", "buffer", "router_partials"), _arg("num_tokens", "expr", expr="T", type="i32")]
         router_consts = dict(HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_ep2, H_PER_SPLIT=h_per_split,
                              IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t,
-                             BLOCK_H=max(16, min(64, _pow2(h_per_split))))
+                             BLOCK_H=block_h)
         route_consts = dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=router_ep2, SLOTS_POW2=_pow2(k), SPLITS=splits,
                             HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
                             BLOCK_T=route_block_t,
                             SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
-        if few:  # router, routing and grouping: one launch
+        if few:  # router, routing and grouping: one launch; 8 warps for 128+ experts (the routing program's
+            # [16, 128] top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100
             fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", router_args + [
                 _weight_arg("b_ptr", layer.router_bias), _arg("weights_ptr", "buffer", "routing_weights"),
                 _arg("ids_ptr", "buffer", "expert_ids")] + group_args[1:-2] + [
                 _arg("num_blocks", "expr", expr="NB", type="i32"), _arg("counter_ptr", "buffer", "route_counter")],
                 {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t,
                  "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm,
-                 "CHUNK": group_chunk}, 4, 2)
+                 "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2)}, 8 if router_ep2 >= 128 else 4, 2)
             return [{"kernel": fused, "grid": [f"cdiv(T, {block_t})", "RS"]}], splits
         gemm = add_kernel(f"router_gemm.{cls_name}", "router_gemm", router_args, router_consts, 4, 2)
         route = add_kernel(f"route.{cls_name}", "route_partials", [
@@ -437,7 +454,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             W_TMA=use_tma(c2, k_contiguous, tiled=tiled), NUM_EXPERTS=E, GROUP_M=c2.GROUP_M,
             W_HOPPER=hopper, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=tiled, SPLIT_K=c2.SPLIT_K),
             c2.num_warps, c2.num_stages if k_contiguous else 1)
-        routing, splits = router_launches(cls_name, max_tokens, bm, sub)
+        routing, splits = router_launches(cls_name, max_tokens, bm)
         launches = [
             *routing,
             *grouping,

@@ -57,9 +57,13 @@ CASES = {
     # T=2 (gemv class, the combine casts its own tiles): both tokens on expert 5, so row blocks stay empty
     "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [2, 20], "one"),
     "experts_without_tokens_k1": (_cfg(k=1), torch.bfloat16, [9], "odd_off"),
-    # H = 640: the few-token router splits H over 3 programs (256 + 256 + 128) whose last one routes its
-    # 16-token block; at 40 tokens three blocks, the last one routed groups all pairs (router_route_group)
+    # H = 640: the few-token router splits H over 5 programs whose last one routes its 16-token block; at 40
+    # tokens three blocks, the last one routed groups all pairs (router_route_group)
     "router_split_over_h": (_cfg(H=640, k=4), torch.bfloat16, [1, 4, 9, 40], None),
+    # 128 experts: the fused grouping takes 16 pairs a step at 1-4 tokens and 32 at 5-64 (40 tokens: 160
+    # pairs in 5 steps, 16 tokens: 64 in 2), the router 8 warps (fp32: with 128 bf16 logits a token's 4th
+    # and 5th are often within an ulp)
+    "many_experts_grouping_steps": (_cfg(E=128, k=4, H=256), torch.float32, [3, 16, 40], None),
 }
 
 
