@@ -6,6 +6,8 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   python benchmarks/gpu_moe.py --build build/gpu_plans [--arch 90]
   # on the GPU machine (torch + triton; the repo importable as mxmoe, see benchmarks/_devpath.sh)
   python benchmarks/gpu_moe.py --plans build/gpu_plans [--models gpt-oss-20b,gpt-oss-120b]
+  # where one forward's time goes inside that graph (per launch: start, duration, gap; CUPTI)
+  python benchmarks/gpu_moe.py --plans build/gpu_plans --timeline --tokens 1,8,64
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
 of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
@@ -267,6 +269,67 @@ def breakdown(plans_dir: str, models: list[str], tokens: list[int], mode: str = 
         torch.cuda.empty_cache()
 
 
+def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
+    """Where a forward's time goes inside the table's CUDA graph (10 forwards over 4 rolled copies of the
+    layer): each launch's start (from the forward's first), duration and the idle gap before it, medians over
+    the middle forwards of three replays, from CUPTI kernel records (``torch.profiler``). Unlike
+    ``--breakdown`` nothing is timed alone, so no replay start-up is included."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mxmoe.runtime.triton_executor import TritonExecutor
+    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.torch_frontend import MoE
+
+    for name in models:
+        plan, binaries = read_bundle(os.path.join(plans_dir, name))
+        layer = MoE.random(name.split("@")[0], seed=0).cuda()
+        params = params_from_layer(plan, layer)
+        exs = [TritonExecutor(plan, params, binaries)] + [
+            TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, s), binaries) for s in (1, 2, 3)]
+        for T in tokens:
+            x = torch.randn(T, layer.config.hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).cuda()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up (and first-use allocations) off the capture
+                for ex in exs:
+                    ex(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in range(GRAPH_REPS):
+                    exs[i % len(exs)](x)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    graph.replay()
+                torch.cuda.synchronize()
+            events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                            if e.device_type.name == "CUDA")
+            forwards = 3 * GRAPH_REPS
+            per = len(events) // forwards
+            if per * forwards != len(events):
+                print(f"{name} T={T}: {len(events)} kernel records do not split into {forwards} forwards", flush=True)
+                continue
+            rows: dict[int, list] = {}
+            spans = []
+            for f in range(1, forwards - 1):  # not the first or last: their neighbours are other replays
+                fwd = events[f * per:(f + 1) * per]
+                spans.append(events[(f + 1) * per][0] - fwd[0][0])
+                for i, (start, end, kname) in enumerate(fwd):
+                    before = fwd[i - 1][1] if i else events[f * per - 1][1]
+                    rows.setdefault(i, []).append((kname, start - fwd[0][0], end - start, start - before))
+            print(f"{name} T={T}: forward to forward {statistics.median(spans):.1f} us", flush=True)
+            for i in range(per):
+                kname = rows[i][0][0].split("(")[0][:48]
+                start, dur, gap = (statistics.median(r[j] for r in rows[i]) for j in (1, 2, 3))
+                print(f"  {kname:48s} start {start:7.1f}  duration {dur:7.1f}  gap before {gap:5.1f} us", flush=True)
+        del exs, layer
+        torch.cuda.empty_cache()
+
+
 def launch_times(torch, ex, x) -> str:
     specs, steps = ex._launches(x.shape[0])
     buffers = {n: torch.zeros(s, dtype=d, device="cuda") for n, s, d, _ in specs}
@@ -346,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
     ap.add_argument("--no-baseline", action="store_true", help="skip timing the torch baseline (tile sweeps)")
     ap.add_argument("--breakdown", action="store_true", help="time each kernel launch instead of the table")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-launch start / duration / gap inside the table's CUDA graph (CUPTI) instead of the table")
     ap.add_argument("--mode", default="auto", help="executor mode for --breakdown (auto, cubin, jit)")
     ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
     args = ap.parse_args(argv)
@@ -357,6 +422,9 @@ def main(argv=None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.breakdown:
         breakdown(args.plans, args.models.split(","), tokens, args.mode)
+        return 0
+    if args.timeline:
+        timeline(args.plans, args.models.split(","), tokens)
         return 0
     if args.sweep:
         cands = [(c[0], *map(int, c[1:])) for c in (c.split(":") for c in args.sweep.split(";") if c)]

@@ -188,8 +188,9 @@ def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_
     rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
     expert_mask = experts < NUM_EXPERTS
     acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
-    for s in tl.static_range(SPLITS):
+    for s in tl.static_range(SPLITS):  # rows past T are never stored: not read either
         acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :],
+                       mask=token_mask[:, None], other=0.0,
                        cache_modifier=".cg")  # written by other programs (router_route_group_kernel)
     if HAS_BIAS:
         acc += tl.load(b_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
