@@ -53,9 +53,9 @@ def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
     """(token, slot) pairs per step of the grouping inside ``router_route_group``: the class's largest pair
     count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot with a column scan,
     so a chunk far past the pairs there are is wasted work on the launch's critical path: on the H100 the
-    gemv class at CHUNK 256 (gpt-oss-20b) spent ~4.7 of its router launch's 9.7 us there, at 16 it takes
-    4.9 us in all; for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of 16-256 at 8, 16, 33 and 64
-    tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1)."""
+    gemv-class router launch (gpt-oss-20b, 1 token, 128-wide H steps) took 8.0 us at CHUNK 256 and 4.9 at 16
+    (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of 16-256 at 8, 16, 33
+    and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting the 128-wide H steps too)."""
     return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
 
 

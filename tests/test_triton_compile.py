@@ -145,6 +145,11 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
         assert comb["constexprs"]["FUSED_CAST"] is fused
         split = 2 if fused and hopper else 1
         assert comb["constexprs"]["SPLIT_K"] == split and comb_launch["grid"][2:] == [split]
+        # the router: 64-wide H (H = 64) in one step; the sort's steps: the class's most pairs (4 or 64
+        # tokens x k = 2, at least 16), at most 4096 one-hot entries (8 experts: 256)
+        router = plan["kernels"][decode["launches"][0]["kernel"]]
+        assert router["constexprs"]["H_PER_SPLIT"] == router["constexprs"]["BLOCK_H"] == 64
+        assert router["constexprs"]["CHUNK"] == (16 if fused else 128) and router["num_warps"] == 4
     assert plan["buffers"]["accumulator"]["shape"] == ["T + 1", 64]
     gemms = [plan["kernels"][lc["kernel"]]["constexprs"] for cls in plan["classes"] for lc in cls["launches"]
              if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm")
