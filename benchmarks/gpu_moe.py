@@ -98,22 +98,7 @@ def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False, 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        call = g.replay
-        for _ in range(3):
-            call()
-    else:
-        call = fn
+    call = capture_graph(torch, fn, reps).replay if graph else fn
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,6 +108,24 @@ def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False, 
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / (reps if graph else 1))
     return statistics.median(times)
+
+
+def capture_graph(torch, fn, reps: int):
+    """A CUDA graph of ``reps`` back-to-back calls of ``fn`` (warmed up on a side stream first, as capture
+    needs), replayed three times so that its first replays are behind it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    return graph
 
 
 def dequant_lut(torch, device):
@@ -289,18 +292,10 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
             TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, s), binaries) for s in (1, 2, 3)]
         for T in tokens:
             x = torch.randn(T, layer.config.hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).cuda()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up (and first-use allocations) off the capture
-                for ex in exs:
-                    ex(x)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for i in range(GRAPH_REPS):
-                    exs[i % len(exs)](x)
-            for _ in range(3):
-                graph.replay()
+            for ex in exs:  # first calls allocate (e.g. the executors' dummy arguments): not inside the capture
+                ex(x)
+            calls = iter(range(1 << 62))
+            graph = capture_graph(torch, lambda: exs[next(calls) % len(exs)](x), GRAPH_REPS)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
