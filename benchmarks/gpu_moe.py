@@ -289,9 +289,11 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
         layer = MoE.random(name.split("@")[0], seed=0).cuda()
         params = params_from_layer(plan, layer)
         exs = [TritonExecutor(plan, params, binaries)] + [
-            TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, s), binaries) for s in (1, 2, 3)]
+            TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
+            for shift in (1, 2, 3)]
         for T in tokens:
-            x = torch.randn(T, layer.config.hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).cuda()
+            gen = torch.Generator().manual_seed(1)
+            x = torch.randn(T, layer.config.hidden, generator=gen).to(torch.bfloat16).cuda()
             for ex in exs:  # first calls allocate (e.g. the executors' dummy arguments): not inside the capture
                 ex(x)
             calls = iter(range(1 << 62))

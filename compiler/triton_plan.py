@@ -54,8 +54,9 @@ def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
     count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot with a column scan,
     so a chunk far past the pairs there are is wasted work on the launch's critical path: on the H100 the
     gemv-class router launch (gpt-oss-20b, 1 token, 128-wide H steps) took 8.0 us at CHUNK 256 and 4.9 at 16
-    (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of 16-256 at 8, 16, 33
-    and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting the 128-wide H steps too)."""
+    (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of
+    16-256 at 8, 16, 33 and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting the 128-wide
+    H steps too)."""
     return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
 
 
@@ -362,8 +363,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
             _arg("x_ptr", "input"), _arg("w_ptr", "param", layer.router_weight),
             _arg("partial_ptr", "buffer", "router_partials"), _arg("num_tokens", "expr", expr="T", type="i32")]
         router_consts = dict(HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_ep2, H_PER_SPLIT=h_per_split,
-                             IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t,
-                             BLOCK_H=block_h)
+                             IEEE_FP32=layer.dtype == "float32", BLOCK_T=block_t, BLOCK_H=block_h)
         route_consts = dict(NUM_EXPERTS=E, TOP_K=k, EXPERTS_POW2=router_ep2, SLOTS_POW2=_pow2(k), SPLITS=splits,
                             HAS_BIAS=layer.router_bias is not None, ROUND_LOGITS_BF16=layer.dtype == "bfloat16",
                             BLOCK_T=route_block_t,
