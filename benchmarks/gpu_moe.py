@@ -177,6 +177,12 @@ def torch_baseline(torch, F, layer, x, lut):
     return out.to(x.dtype)
 
 
+def sample_tokens(torch, T: int, H: int):
+    """The benchmark's [T, H] bf16 hidden states on the GPU, drawn from a generator seeded with T: the same
+    tokens (so the same experts) for a row whichever other rows a run asks for, in every mode."""
+    return torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16).cuda()
+
+
 def skew_router(torch, layer, gen):
     """Add a bias favouring 1/8 of the experts strongly enough that ~half of all picks land there."""
     e = layer.config.num_experts
@@ -226,7 +232,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
             cfg = layer.config
             E, k, H, I = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate
             for T in tokens:
-                x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+                x = sample_tokens(torch, T, H)
                 with torch.no_grad():
                     ids = F.linear(x, layer.router_weight, layer.router_bias).float().topk(k, dim=-1).indices
                     used = int(torch.unique(ids).numel())
@@ -266,7 +272,7 @@ def breakdown(plans_dir: str, models: list[str], tokens: list[int], mode: str = 
         layer = MoE.random(name.split("@")[0], seed=0).cuda()
         ex = TritonExecutor(plan, params_from_layer(plan, layer), binaries, mode=mode)
         for T in tokens:
-            x = torch.randn(T, layer.config.hidden, device="cuda").to(torch.bfloat16)
+            x = sample_tokens(torch, T, layer.config.hidden)
             print(f"{name} T={T} [{ex.mode}] " + launch_times(torch, ex, x), flush=True)
         del ex, layer
         torch.cuda.empty_cache()
@@ -292,8 +298,7 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
             TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
             for shift in (1, 2, 3)]
         for T in tokens:
-            gen = torch.Generator().manual_seed(1)
-            x = torch.randn(T, layer.config.hidden, generator=gen).to(torch.bfloat16).cuda()
+            x = sample_tokens(torch, T, layer.config.hidden)
             for ex in exs:  # first calls allocate (e.g. the executors' dummy arguments): not inside the capture
                 ex(x)
             calls = iter(range(1 << 62))
@@ -373,7 +378,7 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
     layer = MoE.random(name, seed=0).cuda()
     params = params_from_layer(plan, layer)
     for T in tokens:
-        x = torch.randn(T, layer.config.hidden, device="cuda").to(torch.bfloat16)
+        x = sample_tokens(torch, T, layer.config.hidden)
         cls = shape_class(plan, T)["name"]
         base = TritonExecutor(plan, params, mode="jit")
         ref = base(x).float()
