@@ -321,13 +321,14 @@ _SECOND_PROCESS = textwrap.dedent("""
     from mxmoe.torch_frontend import MoE, backend as B
     device = sys.argv[2]
     m = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0).to(device)
-    x = torch.randn(13, 64).to(torch.bfloat16).to(device)
+    x = torch.randn(13, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(device)
     with torch.no_grad():
         y = torch.compile(m, backend="mxmoe", options={"cache_dir": sys.argv[1], "rest": "eager",
                                                        "fallback": "raise"})(x)
-        err = (y.float() - m(x).float()).abs().max().item()
+        ref = m(x).float()
+        err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
     print(json.dumps({"compiled": B.stats.compiled, "disk_hits": B.stats.disk_hits, "err": err,
-                      "seconds": time.perf_counter() - t0}))
+                      "y": y.float().cpu().flatten().tolist(), "seconds": time.perf_counter() - t0}))
 """)
 
 
@@ -340,9 +341,11 @@ def _cold_and_warm_process(cache_dir, device: str) -> tuple[dict, dict]:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     cold, warm = process(), process()
-    assert cold["compiled"] == 1 and cold["disk_hits"] == 0, cold
-    assert warm["compiled"] == 0 and warm["disk_hits"] == 1, warm
-    assert cold["err"] <= 2e-2 and warm["err"] <= 2e-2
+    assert (cold["compiled"], cold["disk_hits"]) == (1, 0)
+    assert (warm["compiled"], warm["disk_hits"]) == (0, 1)
+    assert cold["err"] <= 2e-2 and warm["err"] <= 2e-2, (cold["err"], warm["err"])  # relative: bf16 output
+    if device == "cpu":  # deterministic there: the module loaded from disk computes exactly what was compiled
+        assert warm["y"] == cold["y"]          # (CUDA sums the top-k contributions with float atomics)
     return cold, warm
 
 

@@ -270,9 +270,10 @@ layer = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64)
 cm = mxmoe.compile(layer, target="cuda:sm_90")              # AOT must leave this process (interpreted tl)
 assert cm.binaries and all(b[:4] == b"\\x7fELF" for b in cm.binaries.values())
 cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True)
-x = torch.randn(5, 64).bfloat16()
-err = (cm(x).float() - layer(x).float()).abs().max().item()
-assert err < 0.1, err
+x = torch.randn(5, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
+ref = layer(x).float()
+err = ((cm(x).float() - ref).abs().max() / ref.abs().max()).item()
+assert err < 2e-2, err
 print("ok", len(cm.kernel_plan["kernels"]))
 """
 
