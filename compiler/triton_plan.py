@@ -28,7 +28,7 @@ from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
 from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
 from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
 from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import (class_config, fused_cast, is_few_tokens,
+from mxmoe.runtime.triton_kernels.tile_config import (GEMV_MAX_TOKENS, class_config, fused_cast, is_few_tokens,
                                                       shape_classes, use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
@@ -50,14 +50,26 @@ FEW_TOKEN_ROUTER_H = 128
 
 
 def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
-    """(token, slot) pairs per step of the grouping inside ``router_route_group``: the class's largest pair
-    count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot with a column scan,
-    so a chunk far past the pairs there are is wasted work on the launch's critical path: on the H100 the
-    gemv-class router launch (gpt-oss-20b, 1 token, 128-wide H steps) took 8.0 us at CHUNK 256 and 4.9 at 16
-    (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were the best of
-    16-256 at 8, 16, 33 and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting the 128-wide
-    H steps too)."""
+    """(token, slot) pairs per step where one program sorts all pairs inside ``router_route_group``: the
+    class's largest pair count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot
+    with a column scan, so a chunk far past the pairs there are is wasted work on the launch's critical path:
+    on the H100 the gemv-class router launch (gpt-oss-20b, 1 token, 128-wide H steps) took 8.0 us at CHUNK 256
+    and 4.9 at 16 (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were
+    the best of 16-256 at 8, 16, 33 and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting
+    the 128-wide H steps too)."""
     return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
+
+
+def few_token_scatter(max_tokens: int, experts_pow2: int) -> bool:
+    """Whether a few-token class's router launch groups from per-block counts (``router_route_scatter``)
+    rather than sorting all pairs in the last block routed (``router_route_group``): the decode class with
+    128+ experts. H100, 2026-11-24 ~18:45 (router launch, CUPTI; forwards in two interleaved rounds): for
+    gpt-oss-120b at 64 tokens the launch took 10.0 instead of 23.1 us (forward 581 -> 567 us uniform,
+    350 -> 338 skewed; 33 tokens 2-3% faster, 8 tokens 9.5 -> 8.5 us); for gpt-oss-20b (32 experts, whose
+    [128, 32] sort steps are cheap) the forward was level at 33-64 tokens and ~1 us slower at 8-17 (the
+    counts' global round trips), and at 1-4 tokens (one block of at most 16 pairs) sorting is cheaper for
+    both models (120b: 6.9 vs 7.1 us)."""
+    return max_tokens > GEMV_MAX_TOKENS and experts_pow2 >= 128
 
 
 class TritonPlanError(ValueError):
@@ -322,8 +334,12 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "block_expert": {"dtype": "int32", "shape": ["NB"]},
         "block_start": {"dtype": "int32", "shape": ["NB"]},
         "activations": {"dtype": "bfloat16", "shape": [f"T * {k}", I]},
-        # the few-token classes' router counts its programs here (router_route_group)
+        # the few-token classes' router counts its programs here (router_route_group / _scatter)
         "route_counter": {"dtype": "int32", "shape": [f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1"], "init": "zeros"},
+        # ... and with router_route_scatter each routed token block counts its pairs per expert, with their
+        # ranks in the block
+        "block_pair_counts": {"dtype": "int32", "shape": [f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK})", experts_pow2]},
+        "pair_ranks": {"dtype": "int32", "shape": [f"T * {k}"]},
         # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
         # extra row (zeroed with the sums); see combine_gemm_kernel
         "accumulator": {"dtype": "float32", "shape": ["T" if layer.dtype == "float32" else "T + 1", H],
@@ -370,13 +386,24 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
                             SOFTMAX_OVER_ALL=layer.routing == "softmax_topk" and not layer.renormalize)
         if few:  # router, routing and grouping: one launch; 8 warps for 128+ experts (the routing program's
             # [16, 128] top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100
-            fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", router_args + [
+            fused_args = router_args + [
                 _weight_arg("b_ptr", layer.router_bias), _arg("weights_ptr", "buffer", "routing_weights"),
                 _arg("ids_ptr", "buffer", "expert_ids")] + group_args[1:-2] + [
-                _arg("num_blocks", "expr", expr="NB", type="i32"), _arg("counter_ptr", "buffer", "route_counter")],
-                {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t,
-                 "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm,
-                 "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2)}, 8 if router_ep2 >= 128 else 4, 2)
+                _arg("num_blocks", "expr", expr="NB", type="i32"), _arg("counter_ptr", "buffer", "route_counter")]
+            fused_consts = {**router_consts, **route_consts, "ROUTER_BLOCK_T": block_t,
+                            "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2,
+                            "BLOCK_M": bm}
+            warps = 8 if router_ep2 >= 128 else 4
+            if few_token_scatter(max_tokens, experts_pow2):
+                fused = add_kernel(f"router_route_scatter.{cls_name}", "router_route_scatter", fused_args + [
+                    _arg("block_counts_ptr", "buffer", "block_pair_counts"),
+                    _arg("ranks_ptr", "buffer", "pair_ranks")],
+                    {**fused_consts, "TOKEN_BLOCKS_POW2": _pow2(-(-max_tokens // block_t)),
+                     "LANES": min(1024, _pow2(max_tokens * k))}, warps, 2)
+            else:
+                fused = add_kernel(f"router_route_group.{cls_name}", "router_route_group", fused_args,
+                                   {**fused_consts, "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2)},
+                                   warps, 2)
             return [{"kernel": fused, "grid": [f"cdiv(T, {block_t})", "RS"]}], splits
         gemm = add_kernel(f"router_gemm.{cls_name}", "router_gemm", router_args, router_consts, 4, 2)
         route = add_kernel(f"route.{cls_name}", "route_partials", [
@@ -418,7 +445,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         # partial block, and at most min(E, T*k) experts are non-empty.
         nb = f"{pairs} // {bm} + min({E}, {pairs})"
         sub = max(16, min(256, 8192 // experts_pow2))
-        if is_few_tokens(max_tokens):  # few pairs: the routing launch sorts them too (router_route_group)
+        if is_few_tokens(max_tokens):  # few pairs: the routing launch groups them too (router_route_group / _scatter)
             grouping = []
         else:  # many pairs: per-chunk histograms, one scan, a parallel scatter (same result)
             hist = add_kernel("chunk_histogram", "chunk_histogram", [
@@ -466,6 +493,8 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         classes.append({"name": cls_name, "max_tokens": max_tokens, "vars": {"NB": nb, "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
                         "tiles": {"w13": _config_dict(c13), "w2": _config_dict(c2)}, "launches": launches})
 
+    used = {a["ref"] for spec in kernels.values() for a in spec["args"] if a["bind"] == "buffer"}
+    buffers = {name: b for name, b in buffers.items() if name in used or name == "output"}  # e.g. no block counts
     plan = {
         "format": PLAN_FORMAT,
         "target": target.name,

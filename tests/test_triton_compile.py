@@ -58,11 +58,12 @@ CASES = {
     "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [2, 20], "one"),
     "experts_without_tokens_k1": (_cfg(k=1), torch.bfloat16, [9], "odd_off"),
     # H = 640: the few-token router splits H over 5 programs whose last one routes its 16-token block; at 40
-    # tokens three blocks, the last one routed groups all pairs (router_route_group)
+    # tokens three blocks, the last one routed groups all pairs (router_route_scatter)
     "router_split_over_h": (_cfg(H=640, k=4), torch.bfloat16, [1, 4, 9, 40], None),
-    # 128 experts: the fused grouping takes 16 pairs a step at 1-4 tokens and 32 at 5-64 (40 tokens: 160
-    # pairs in 5 steps, 16 tokens: 64 in 2), the router 8 warps (fp32: with 128 bf16 logits a token's 4th
-    # and 5th are often within an ulp)
+    # 128 experts: at 1-4 tokens the last block sorts 16 pairs a step (router_route_group); at 5-64 every
+    # token block counts its pairs and the last one routed scatters (router_route_scatter; 40 tokens: three
+    # blocks, 16 tokens: one); the router 8 warps (fp32: with 128 bf16 logits a token's 4th and 5th are often
+    # within an ulp)
     "many_experts_grouping_steps": (_cfg(E=128, k=4, H=256), torch.float32, [3, 16, 40], None),
 }
 
@@ -165,6 +166,18 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
                        "glu_gemm", "combine_gemm", "cast"]
     assert plan["kernels"][prefill["launches"][-2]["kernel"]]["constexprs"]["FUSED_CAST"] is False
+
+
+def test_decode_class_with_many_experts_groups_from_block_counts():
+    """128 experts: the decode class's router launch groups from per-token-block counts, the gemv class's
+    sorts in its one block; with 8 experts both sort (``compiler.triton_plan.few_token_scatter``)."""
+    def router_kernels(E):
+        plan = mxmoe.compile(MoE.random(_cfg(E=E, k=4, H=256), seed=0), target="cuda:sm_90",
+                             interpret=True).kernel_plan
+        return {c["name"]: plan["kernels"][c["launches"][0]["kernel"]]["kernel"] for c in plan["classes"][:2]}
+
+    assert router_kernels(128) == {"gemv": "router_route_group", "decode": "router_route_scatter"}
+    assert router_kernels(8) == {"gemv": "router_route_group", "decode": "router_route_group"}
 
 
 @pytest.mark.parametrize("target,arch", [("cuda:sm_90", 90), ("cuda:sm_100", 100)])

@@ -189,6 +189,70 @@ def test_route_and_group_kernel_of_earlier_plans():
         assert torch.equal(out[f"{name}_ptr"].cpu(), getattr(groups, name).cpu()), name
 
 
+@pytest.mark.parametrize("T,E,k,case", [(1, 8, 2, "random"), (4, 128, 4, "random"), (16, 8, 4, "random"),
+                                         (17, 32, 4, "random"), (40, 128, 4, "random"), (64, 32, 4, "random"),
+                                         (64, 128, 4, "random"), (33, 8, 1, "random"), (40, 16, 3, "odd_off"),
+                                         (50, 8, 2, "one")])
+@pytest.mark.parametrize("scatter", [True, False])
+def test_few_token_router_launch_routes_and_groups_like_route_and_group_by_expert(T, E, k, case, scatter):
+    """The few-token router launch: router, top-k routing per 16-token block, and the grouping (scattered
+    from per-block counts: ``router_route_scatter``; sorted in the last block routed: ``router_route_group``)
+    give the ids of ``route`` and exactly the groups and block map of ``group_by_expert``. Integer x and
+    router weights plus a bias of e/1024 keep every logit exact and distinct (no near-ties)."""
+    import triton
+
+    from mxmoe.runtime.triton_kernels._launch import KernelLaunch
+    from mxmoe.runtime.triton_kernels._routing_kernel import router_route_group_kernel, router_route_scatter_kernel
+
+    H, block_m, split, gen = 256, 16, 64, torch.Generator().manual_seed(T * E + k)
+    x = torch.randint(-3, 4, (T, H), generator=gen).float()
+    w = torch.randint(-3, 4, (E, H), generator=gen).float()
+    bias = torch.arange(E).float() / 1024
+    if case == "odd_off":
+        bias[1::2] -= 4096.0  # odd experts never chosen
+    elif case == "one":
+        bias[5] += 4096.0  # expert 5 takes every token
+    max_tokens, blocks = 4 if T <= 4 else 64, -(-T // 16)
+    router_pow2, pow2 = max(16, triton.next_power_of_2(E)), triton.next_power_of_2(E)
+    nb = T * k // block_m + min(E, T * k)
+    out = dict(weights_ptr=torch.empty(T, k), ids_ptr=torch.empty(T, k, dtype=torch.int32),
+               sorted_pairs_ptr=torch.empty(T * k, dtype=torch.int32),
+               expert_offsets_ptr=torch.empty(E + 1, dtype=torch.int32),
+               block_expert_ptr=torch.empty(nb, dtype=torch.int32), block_start_ptr=torch.empty(nb, dtype=torch.int32))
+    out = {name: t.to(DEVICE) for name, t in out.items()}
+    args = dict(x_ptr=x.to(DEVICE), w_ptr=w.to(DEVICE),
+                partial_ptr=torch.empty(H // split, T, router_pow2, device=DEVICE), num_tokens=T,
+                b_ptr=bias.to(DEVICE), weights_ptr=out["weights_ptr"], ids_ptr=out["ids_ptr"],
+                sorted_pairs_ptr=out["sorted_pairs_ptr"], expert_offsets_ptr=out["expert_offsets_ptr"],
+                block_expert_ptr=out["block_expert_ptr"], block_start_ptr=out["block_start_ptr"], num_blocks=nb,
+                counter_ptr=torch.zeros(blocks + 1, dtype=torch.int32, device=DEVICE),
+                block_counts_ptr=torch.full((blocks, pow2), -7, dtype=torch.int32, device=DEVICE),
+                ranks_ptr=torch.full((T * k,), -7, dtype=torch.int32, device=DEVICE))
+    consts = dict(
+        HIDDEN=H, NUM_EXPERTS=E, EXPERTS_POW2=router_pow2, H_PER_SPLIT=split, IEEE_FP32=True, ROUTER_BLOCK_T=16,
+        BLOCK_H=split, TOP_K=k, SLOTS_POW2=triton.next_power_of_2(k), SPLITS=H // split, HAS_BIAS=True,
+        ROUND_LOGITS_BF16=False, BLOCK_T=min(16, triton.next_power_of_2(max_tokens)), SOFTMAX_OVER_ALL=False,
+        GROUP_EXPERTS_POW2=pow2, BLOCK_M=block_m)
+    if scatter:
+        kernel = router_route_scatter_kernel
+        consts.update(TOKEN_BLOCKS_POW2=triton.next_power_of_2(-(-max_tokens // 16)),
+                      LANES=min(1024, triton.next_power_of_2(max_tokens * k)))
+    else:
+        kernel = router_route_group_kernel
+        consts.update(CHUNK=32)
+        del args["block_counts_ptr"], args["ranks_ptr"]
+    KernelLaunch("router_route", kernel, (blocks, H // split), args, consts, num_warps=8 if E >= 128 else 4,
+                 num_stages=2).launch()
+    weights, ids = reference_route(x @ w.t() + bias, k)
+    assert torch.equal(out["ids_ptr"].cpu(), ids)
+    torch.testing.assert_close(out["weights_ptr"].cpu(), weights, atol=1e-6, rtol=1e-5)
+    if case == "one":
+        assert bool((ids[:, 0] == 5).all())
+    groups = group_by_expert(ids.to(DEVICE), E, block_m)
+    for name in ("sorted_pairs", "expert_offsets", "block_expert", "block_start"):
+        assert torch.equal(out[f"{name}_ptr"].cpu(), getattr(groups, name).cpu()), name
+
+
 # ---------------------------------------------------------------- layout and configs
 
 @pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))

@@ -75,6 +75,76 @@ def group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
         placed += tl.sum(onehot, axis=0)
 
 
+# ----------------------------------------------------------- the same grouping, from per-block counts
+# The few-token router launch (router_route_scatter_kernel) routes 16-token blocks in parallel programs.
+# Each of those counts its own block's pairs (block_pair_counts) while the other blocks are still routing,
+# so the last block routed only adds up a few count rows and scatters (scatter_by_block_counts): no walk
+# over all pairs with one-hot column scans on the launch's critical path.
+
+@triton.jit
+def block_pair_counts(ids_ptr, block_counts_ptr, ranks_ptr, num_pairs, block,
+                      PAIRS_PER_BLOCK: tl.constexpr, BLOCK_PAIRS: tl.constexpr, EXPERTS_POW2: tl.constexpr):
+    """For token block ``block`` (pairs ``block * PAIRS_PER_BLOCK + [0, PAIRS_PER_BLOCK)``, BLOCK_PAIRS a
+    power of two >= PAIRS_PER_BLOCK): block_counts[block, e] = its pairs on expert e, and ranks[p] = the
+    pairs before p in the block on p's expert."""
+    q = tl.arange(0, BLOCK_PAIRS)
+    pairs = block * PAIRS_PER_BLOCK + q
+    valid = (q < PAIRS_PER_BLOCK) & (pairs < num_pairs)
+    ids = tl.load(ids_ptr + pairs, mask=valid, other=-1)
+    experts = tl.arange(0, EXPERTS_POW2)
+    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(block_counts_ptr + block * EXPERTS_POW2 + experts, counts)
+    earlier = (ids[:, None] == ids[None, :]) & (q[None, :] < q[:, None])  # [p, q]: q before p, same expert
+    tl.store(ranks_ptr + pairs, tl.sum(earlier.to(tl.int32), axis=1), mask=valid)
+
+
+@triton.jit
+def scatter_by_block_counts(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr,
+                            block_expert_ptr, block_start_ptr, num_tokens, num_pairs, num_blocks, num_token_blocks,
+                            NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                            TOKEN_BLOCKS_POW2: tl.constexpr, PAIRS_PER_BLOCK: tl.constexpr,
+                            BLOCK_M: tl.constexpr, LANES: tl.constexpr):
+    """:func:`group_pairs`'s result from the ``num_token_blocks`` rows of :func:`block_pair_counts`: a pair's
+    sorted row is its expert's offset + the expert's pairs in earlier blocks + its rank in its block (so the
+    order inside a group is the pair order, as there). Reads what other programs wrote: the caller acquires
+    first. The block map stores each expert's blocks directly: an expert has at most T pairs (a token's k
+    experts are distinct), so at most cdiv(T, BLOCK_M) blocks."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    blocks_of = tl.arange(0, TOKEN_BLOCKS_POW2)
+    table = block_counts_ptr + blocks_of[:, None] * EXPERTS_POW2 + experts[None, :]
+    in_table = (blocks_of < num_token_blocks)[:, None]
+    per_block = tl.load(table, mask=in_table, other=0, cache_modifier=".cg")
+    counts = tl.sum(per_block, axis=0)
+    ends = tl.cumsum(counts, axis=0)
+    begins = ends - counts
+    tl.store(expert_offsets_ptr + 1 + experts, ends, mask=experts < NUM_EXPERTS)
+    tl.store(expert_offsets_ptr + experts, begins, mask=experts == 0)
+    first_rows = begins[None, :] + tl.cumsum(per_block, axis=0) - per_block
+    tl.debug_barrier()  # every count is read before the table turns into first rows
+    tl.store(table, first_rows, mask=in_table)
+
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    first_block = tl.cumsum(blocks, axis=0) - blocks
+    for j in range(0, (num_tokens + BLOCK_M - 1) // BLOCK_M):
+        here = j < blocks
+        tl.store(block_expert_ptr + first_block + j, experts, mask=here)
+        tl.store(block_start_ptr + first_block + j, begins + j * BLOCK_M, mask=here)
+    for b0 in range(tl.sum(blocks, axis=0), num_blocks, EXPERTS_POW2):  # past the last group
+        b = b0 + experts
+        tl.store(block_expert_ptr + b, tl.full([EXPERTS_POW2], -1, tl.int32), mask=b < num_blocks)
+        tl.store(block_start_ptr + b, b * BLOCK_M, mask=b < num_blocks)
+
+    tl.debug_barrier()  # the first rows stored above are read back by other threads
+    for p0 in range(0, num_pairs, LANES):
+        pairs = p0 + tl.arange(0, LANES)
+        valid = pairs < num_pairs
+        ids = tl.load(ids_ptr + pairs, mask=valid, other=0, cache_modifier=".cg")
+        rank = tl.load(ranks_ptr + pairs, mask=valid, other=0, cache_modifier=".cg")
+        first = tl.load(block_counts_ptr + (pairs // PAIRS_PER_BLOCK) * EXPERTS_POW2 + ids, mask=valid, other=0,
+                        cache_modifier=".cg")
+        tl.store(sorted_pairs_ptr + first + rank, pairs, mask=valid)
+
+
 # ----------------------------------------------------------------- the same grouping, in parallel
 # For many tokens the one-program kernel above is the bottleneck (it walks every pair twice on one
 # SM). These three kernels compute the same result (same stable order, same block map): per-chunk

@@ -4,7 +4,7 @@ and top-k + softmax on the logits."""
 import triton
 import triton.language as tl
 
-from ._grouping_kernel import group_pairs
+from ._grouping_kernel import block_pair_counts, group_pairs, scatter_by_block_counts
 
 
 @triton.jit
@@ -120,10 +120,52 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
     partial sums of token block i (ROUTER_BLOCK_T tokens, >= 16 for the dot) over H split s
     (:func:`router_gemm_kernel`); the last of a block's SPLITS programs to finish routes its first BLOCK_T
     tokens (:func:`route_partials_kernel`), and the last block to be routed groups all pairs
-    (:func:`group_pairs`). Programs count themselves in ``counter_ptr`` (cdiv(T, ROUTER_BLOCK_T) + 1 zeroed
-    int32: [0] routed blocks, [1 + i] finished splits of block i) after a CTA barrier with acquire-release
-    atomics, so each last program reads what the others wrote (the acquire makes their stores visible to
-    plain loads)."""
+    (:func:`group_pairs`, CHUNK pairs a step). Programs count themselves in ``counter_ptr`` (cdiv(T,
+    ROUTER_BLOCK_T) + 1 zeroed int32: [0] routed blocks, [1 + i] finished splits of block i) after a CTA
+    barrier with acquire-release atomics, so each last program reads what the others wrote (the acquire makes
+    their stores visible to plain loads)."""
+    _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr, sorted_pairs_ptr,
+                            expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
+                            counter_ptr, counter_ptr, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
+                            ROUTER_BLOCK_T, BLOCK_H, TOP_K, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
+                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, False, CHUNK, 1, 1)
+
+
+@triton.jit
+def router_route_scatter_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr,
+                                sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
+                                counter_ptr, block_counts_ptr, ranks_ptr,
+                                HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                                H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, ROUTER_BLOCK_T: tl.constexpr,
+                                BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, SLOTS_POW2: tl.constexpr,
+                                SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr,
+                                BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
+                                GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                                TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr):
+    """:func:`router_route_group_kernel` grouping from per-block counts: the last split of each token block
+    also counts the block's pairs per expert with their ranks once it has routed them
+    (:func:`block_pair_counts`, into ``block_counts_ptr`` [cdiv(T, ROUTER_BLOCK_T), GROUP_EXPERTS_POW2] and
+    ``ranks_ptr`` [T*k]), and the last block routed scatters from the counts
+    (:func:`scatter_by_block_counts`, LANES pairs a step): its work grows with the token blocks (at most
+    TOKEN_BLOCKS_POW2), not with the pairs. Same result as :func:`group_pairs`."""
+    _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr, sorted_pairs_ptr,
+                            expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
+                            block_counts_ptr, ranks_ptr, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
+                            ROUTER_BLOCK_T, BLOCK_H, TOP_K, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
+                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, True, LANES, TOKEN_BLOCKS_POW2, LANES)
+
+
+@triton.jit
+def _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr, sorted_pairs_ptr,
+                            expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
+                            block_counts_ptr, ranks_ptr, HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr,
+                            EXPERTS_POW2: tl.constexpr, H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr,
+                            ROUTER_BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr,
+                            SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
+                            GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr, SCATTER: tl.constexpr,
+                            CHUNK: tl.constexpr, TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr):
+    """The two kernels above: SCATTER picks the grouping (``block_counts_ptr``/``ranks_ptr`` unused without)."""
     _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
                     ROUTER_BLOCK_T, BLOCK_H)
     tl.debug_barrier()
@@ -132,13 +174,23 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
         _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, block * ROUTER_BLOCK_T,
                         NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
                         SOFTMAX_OVER_ALL)
-        tl.debug_barrier()
+        tl.debug_barrier()  # the ids this program just stored are read back by other threads
+        if SCATTER:
+            block_pair_counts(ids_ptr, block_counts_ptr, ranks_ptr, num_tokens * TOP_K, block,
+                              ROUTER_BLOCK_T * TOP_K, BLOCK_T * SLOTS_POW2, GROUP_EXPERTS_POW2)
+            tl.debug_barrier()
         last = True
         if tl.num_programs(0) > 1:  # one token block (1-16 tokens): no second round trip
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
         if last:
-            group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
-                        num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
+            if SCATTER:
+                scatter_by_block_counts(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr,
+                                        block_expert_ptr, block_start_ptr, num_tokens, num_tokens * TOP_K,
+                                        num_blocks, tl.num_programs(0), NUM_EXPERTS, GROUP_EXPERTS_POW2,
+                                        TOKEN_BLOCKS_POW2, ROUTER_BLOCK_T * TOP_K, BLOCK_M, LANES)
+            else:
+                group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                            num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
 
 
 @triton.jit

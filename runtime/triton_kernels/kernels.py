@@ -23,6 +23,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "route": ("_routing_kernel", "route_kernel"),
     "route_and_group": ("_routing_kernel", "route_and_group_kernel"),
     "router_route_group": ("_routing_kernel", "router_route_group_kernel"),
+    "router_route_scatter": ("_routing_kernel", "router_route_scatter_kernel"),
     "group_by_expert": ("_grouping_kernel", "group_by_expert_kernel"),
     "chunk_histogram": ("_grouping_kernel", "chunk_histogram_kernel"),
     "chunk_scan": ("_grouping_kernel", "chunk_scan_kernel"),

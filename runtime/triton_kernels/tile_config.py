@@ -107,11 +107,11 @@ def fused_cast(max_tokens: int | None) -> bool:
 
 def is_few_tokens(max_tokens: int | None) -> bool:
     """Whether a class (by its largest token count) is memory-bound decode: its router splits H across
-    programs, and the same launch routes and groups (``router_route_group``: the last router program of each
-    16-token block routes it, the last block routed groups all pairs; see compiler/triton_plan.py). On the
-    H100 routing and grouping in one program saved 4-9% of the whole layer at 1 token and the router folded
-    in another 1-2%; at 8-64 tokens one program routing all 64 padded tokens had been 0-5% slower, which
-    routing per 16-token block avoids."""
+    programs, and the same launch routes and groups (``router_route_group`` / ``_scatter``: the last router
+    program of each 16-token block routes it, the last block routed groups all pairs; see
+    compiler/triton_plan.py). On the H100 routing and grouping in one program saved 4-9% of the whole layer
+    at 1 token and the router folded in another 1-2%; at 8-64 tokens one program routing all 64 padded
+    tokens had been 0-5% slower, which routing per 16-token block avoids."""
     return max_tokens is not None and max_tokens <= DECODE_MAX_TOKENS
 
 
