@@ -493,8 +493,9 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         classes.append({"name": cls_name, "max_tokens": max_tokens, "vars": {"NB": nb, "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
                         "tiles": {"w13": _config_dict(c13), "w2": _config_dict(c2)}, "launches": launches})
 
-    used = {a["ref"] for spec in kernels.values() for a in spec["args"] if a["bind"] == "buffer"}
-    buffers = {name: b for name, b in buffers.items() if name in used or name == "output"}  # e.g. no block counts
+    output = "output" if layer.dtype != "float32" else "accumulator"
+    used = {a["ref"] for spec in kernels.values() for a in spec["args"] if a["bind"] == "buffer"} | {output}
+    buffers = {name: b for name, b in buffers.items() if name in used}  # e.g. no block counts without a scatter
     plan = {
         "format": PLAN_FORMAT,
         "target": target.name,
@@ -508,7 +509,7 @@ def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[li
         "buffers": buffers,
         "kernels": kernels,
         "classes": classes,
-        "output": {"buffer": "output" if layer.dtype != "float32" else "accumulator"},
+        "output": {"buffer": output},
     }
     validate(plan)
     return plan

@@ -58,7 +58,7 @@ CASES = {
     "all_tokens_one_expert": (_cfg(k=2), torch.bfloat16, [2, 20], "one"),
     "experts_without_tokens_k1": (_cfg(k=1), torch.bfloat16, [9], "odd_off"),
     # H = 640: the few-token router splits H over 5 programs whose last one routes its 16-token block; at 40
-    # tokens three blocks, the last one routed groups all pairs (router_route_scatter)
+    # tokens three blocks, the last one routed sorts all pairs (router_route_group: 8 experts)
     "router_split_over_h": (_cfg(H=640, k=4), torch.bfloat16, [1, 4, 9, 40], None),
     # 128 experts: at 1-4 tokens the last block sorts 16 pairs a step (router_route_group); at 5-64 every
     # token block counts its pairs and the last one routed scatters (router_route_scatter; 40 tokens: three
