@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import mxmoe
-from mxmoe.config import PRESETS
+from mxmoe.core.config import PRESETS
 from mxmoe.torch_frontend.moe import MoE
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]

@@ -36,7 +36,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
     import torch
 
     import mxmoe
-    from mxmoe.runtime.triton_kernels.kernel_plan import write_bundle
+    from mxmoe.kernels.triton.kernel_plan import write_bundle
     from mxmoe.torch_frontend import MoE
 
     for name in MODELS:
@@ -46,7 +46,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
         for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
-            from mxmoe.runtime.triton_kernels.aot import compile_plan
+            from mxmoe.kernels.triton.aot import compile_plan
 
             plan = cm.kernel_plan
             missing = {cls for cls, *_ in variant} - {c["name"] for c in plan["classes"]}
@@ -65,7 +65,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
 def params_from_layer(plan, layer):
     """The plan's parameters from an mxmoe MoE layer's buffers, values put into the plan's layout (gpt-oss
     dims need no padding; the executor checks every shape against the plan)."""
-    from mxmoe.runtime.triton_kernels.kernel_plan import plan_parameters
+    from mxmoe.kernels.triton.kernel_plan import plan_parameters
 
     return plan_parameters(plan, {spec["operand"]: getattr(layer, spec["operand"]) for spec in plan["parameters"].values()})
 
@@ -197,7 +197,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
     import torch.nn.functional as F
 
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.kernels.triton.kernel_plan import read_bundle
     from mxmoe.torch_frontend import MoE
 
     dev = torch.cuda.get_device_name()
@@ -264,7 +264,7 @@ def breakdown(plans_dir: str, models: list[str], tokens: list[int], mode: str = 
     import torch
 
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.kernels.triton.kernel_plan import read_bundle
     from mxmoe.torch_frontend import MoE
 
     for name in models:
@@ -287,7 +287,7 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+    from mxmoe.kernels.triton.kernel_plan import read_bundle
     from mxmoe.torch_frontend import MoE
 
     for name in models:
@@ -371,7 +371,7 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
     import torch
 
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle, shape_class
+    from mxmoe.kernels.triton.kernel_plan import read_bundle, shape_class
     from mxmoe.torch_frontend import MoE
 
     plan, _ = read_bundle(os.path.join(plans_dir, name))

@@ -14,21 +14,22 @@ from mxmoe.compiler.importer import import_program
 from mxmoe.compiler.parameters import store_parameters, stored_forms
 from mxmoe.compiler.pipeline import run_for_target
 from mxmoe.compiler.targets import Target, get_target
-from mxmoe.layouts import StoredForm
-from mxmoe.runtime.signature import TensorSpec, check_inputs
+from mxmoe.core.bridge import dtype_name, to_torch
+from mxmoe.core.stored_form import StoredForm
+from mxmoe.core.signature import TensorSpec, check_inputs
 
-_TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-                      torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
 
 
 def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Input/output specs of an exported program's user-facing entry (dynamic dims as None)."""
     def spec(name: str, val) -> TensorSpec:
-        if val.dtype not in _TORCH_DTYPE_NAMES:
-            raise ValueError(f"entry tensor '{name}' has unsupported dtype {val.dtype}")
+        try:
+            dtype = dtype_name(val.dtype)
+        except ValueError:
+            raise ValueError(f"entry tensor '{name}' has unsupported dtype {val.dtype}") from None
         dims = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else None for d in val.shape)
         bounds = tuple(None if s is not None else _upper_bound(ep, d) for s, d in zip(dims, val.shape))
-        return TensorSpec(name, _TORCH_DTYPE_NAMES[val.dtype], dims, bounds if any(b is not None for b in bounds) else None)
+        return TensorSpec(name, dtype, dims, bounds if any(b is not None for b in bounds) else None)
 
     user_inputs = ep.graph_signature.user_inputs
     nodes = {n.name: n for n in ep.graph.nodes}
@@ -101,46 +102,25 @@ class CompiledModule:
         arrays, any_torch = check_inputs(self.inputs, args)
         outs = self.executor()(*arrays)
         if any_torch:
-            outs = [_to_torch(o) for o in outs]
+            outs = [to_torch(o) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def _default_example(module: torch.nn.Module) -> tuple:
-    from mxmoe.torch_frontend.moe import MoE
-
-    if isinstance(module, MoE):
-        g = torch.Generator().manual_seed(0)
-        return (torch.randn(4, module.config.hidden, generator=g).to(module.dtype),)
-    raise ValueError("compile: example_inputs is required for a module that is not an mxmoe MoE layer")
-
-
-def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] | None = None,
-            extra_flags: Sequence[str] | None = None, interpret: bool = False) -> CompiledModule:  # noqa: A001
-    """Compile ``source`` (an ``nn.Module`` with ``example_inputs``, or an ``ExportedProgram``) for ``target``.
+def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cpu", *,
+                    extra_flags: Sequence[str] | None = None, interpret: bool = False, model: dict | None = None,
+                    timings: dict[str, float] | None = None) -> CompiledModule:
+    """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``.
 
     ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
-    under Triton's interpreter on CPU tensors.
+    under Triton's interpreter on CPU tensors. ``model`` describes the layer for reference checks (see
+    ``mxmoe.core.weights.moe_model_info``). ``mxmoe.compile`` (which also takes an ``nn.Module``) calls this.
     """
-    from mxmoe.torch_frontend.capture import capture
-
     tgt = get_target(target)
     if interpret and tgt.backend != "triton":
         raise ValueError(f"interpret=True applies to cuda targets only, not {tgt.name}")
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if isinstance(source, torch.export.ExportedProgram):
-        ep = source
-    elif isinstance(source, torch.nn.Module):
-        ep = capture(source, example_inputs if example_inputs is not None else _default_example(source))
-    else:
-        raise TypeError(f"compile: expected an nn.Module or torch.export.ExportedProgram, got {type(source).__name__}")
-    timings["capture_s"] = time.perf_counter() - t0
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TypeError(f"compile: expected a torch.export.ExportedProgram, got {type(ep).__name__}")
+    timings = {} if timings is None else timings
     ins, outs = signature_of(ep)
 
     t0 = time.perf_counter()
@@ -167,9 +147,5 @@ def compile(source, target: str | Target = "cpu", example_inputs: Sequence[Any] 
 
         kernel_plan, binaries = compile_triton(imported.module, parameters, tgt, interpret=interpret,
                                                timings=timings)
-    from mxmoe.runtime.artifact import moe_model_info
-    from mxmoe.torch_frontend.moe import MoE
-
-    model = moe_model_info(source.config, parameters) if isinstance(source, MoE) else None
     return CompiledModule(tgt, ins, outs, vmfb, parameters, mlir, timings, stored_forms=forms, model=model,
                           kernel_plan=kernel_plan, binaries=binaries, interpret=interpret)

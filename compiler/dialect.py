@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from iree.compiler import ir
 
-from mxmoe.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
 
 DYN = ir.ShapedType.get_dynamic_size() if hasattr(ir.ShapedType, "get_dynamic_size") else -9223372036854775808
 

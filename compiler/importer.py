@@ -15,21 +15,13 @@ from iree.compiler import ir
 from iree.compiler.extras.fx_importer import FxImporter, FxImporterHooks
 
 from mxmoe.compiler.context import new_context
+from mxmoe.core.bridge import to_numpy
 
 #: Parameter scope name used in the compiled module and the parameter archive.
 PARAMETER_SCOPE = "model"
 
 _ELEMENT = {torch.uint8: "i8", torch.int8: "i8", torch.bfloat16: "bf16", torch.float16: "f16",
             torch.float32: "f32", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def global_name(target: str) -> str:
@@ -61,7 +53,7 @@ class _ParameterHooks(FxImporterHooks):
         shape = "x".join(str(d) for d in value.shape)
         ty = ir.Type.parse(f"tensor<{shape}{'x' if shape else ''}{_ELEMENT[value.dtype]}>")
         if name not in self.parameters:
-            self.parameters[name] = _np(value)
+            self.parameters[name] = to_numpy(value)
             decl = ir.Operation.parse(
                 f'util.global private @{name} = #flow.parameter.named<"{PARAMETER_SCOPE}"::"{name}"> : {ty}')
             ir.InsertionPoint.at_block_begin(self.module_op.regions[0].blocks[0]).insert(decl)

@@ -15,7 +15,7 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.passes import pad
-from mxmoe.layouts import StoredForm
+from mxmoe.core.stored_form import StoredForm
 
 LAYOUT = "mxmoe.layout"
 ROLE = "mxmoe.weight_role"

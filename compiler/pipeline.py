@@ -16,7 +16,7 @@ def mxmoe_pipeline(target: Target) -> list[tuple[str, str | None]]:
         ("mxmoe-verify", None),
         ("mxmoe-fuse", None),
         ("mxmoe-pad", str(target.pad_multiple)),
-        ("mxmoe-assign-layout", target.layout),
+        ("mxmoe-assign-layout", target.layout.name),
         ("mxmoe-verify", None),
     ]
 
@@ -25,7 +25,7 @@ def iree_pipeline(target: Target) -> list[tuple[str, str | None]]:
     """The cpu target links the C microkernel when it could be built here (else the linalg-only lowering)."""
     option = None
     if target.arch == "host":
-        from mxmoe.compiler.ukernels import ENV_SWITCH, matvec_object
+        from mxmoe.kernels.cpu import ENV_SWITCH, matvec_object
 
         uk = matvec_object()
         if uk.path:

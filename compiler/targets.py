@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxmoe.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER_TILED, TRITON_KMAJOR
+from mxmoe.core.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER_TILED, Layout
 
 
 @dataclass(frozen=True)
@@ -12,7 +12,7 @@ class Target:
     name: str           # canonical spelling, e.g. "rocm:gfx942"
     backend: str        # "iree" or "triton"
     arch: str           # "host", "gfx942", "sm_90", ...
-    layout: str         # weight layout the lowering reads
+    layout: Layout      # weight layout the lowering reads
     pad_multiple: int   # H and I are padded up to this
 
     @property
@@ -39,7 +39,7 @@ TARGETS = {
     # sm_90: weights decoded in registers by the kernels (the Hopper layout); sm_100: the checkpoint order,
     # fed to Blackwell's native MXFP4 MMA through tl.dot_scaled
     "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", TRITON_HOPPER_TILED, 32),
-    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", TRITON_KMAJOR, 32),
+    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", ROW_MAJOR, 32),
 }
 
 

@@ -37,7 +37,7 @@ def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], targ
     timings["triton_plan_s"] = time.perf_counter() - t0
     binaries: dict[str, bytes] = {}
     if not interpret:
-        from mxmoe.runtime.triton_kernels.aot import compile_plan
+        from mxmoe.kernels.triton.aot import compile_plan
 
         t0 = time.perf_counter()
         binaries, meta = compile_plan(plan)

@@ -9,7 +9,7 @@ Any other op is an error that names it: the Triton path has no kernels for it, a
 silently dropped.
 
 It produces the kernel plan: kernels with their specialization constants, per shape class (gemv /
-decode / mid / prefill / large, from ``runtime.triton_kernels.tile_config``) the tile configs, launch order and grids
+decode / mid / prefill / large, from ``mxmoe.kernels.triton.tile_config``) the tile configs, launch order and grids
 as expressions of the token count ``T``, the scratch buffers, and which util.global parameter feeds
 which kernel argument.
 """
@@ -24,11 +24,11 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
-from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
-from mxmoe.runtime.triton_kernels.grouped_gemm import CAST_BLOCK
-from mxmoe.runtime.triton_kernels.kernel_plan import PLAN_FORMAT, validate
-from mxmoe.runtime.triton_kernels.layout import LAYOUTS
-from mxmoe.runtime.triton_kernels.tile_config import (GEMV_MAX_TOKENS, class_config, fused_cast, is_few_tokens,
+from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
+from mxmoe.kernels.triton.grouped_gemm import CAST_BLOCK
+from mxmoe.kernels.triton.kernel_plan import PLAN_FORMAT, validate
+from mxmoe.kernels.triton.layout import LAYOUTS
+from mxmoe.kernels.triton.tile_config import (GEMV_MAX_TOKENS, class_config, fused_cast, is_few_tokens,
                                                       shape_classes, use_tma)
 
 #: Ops that only move values between the torch and builtin worlds, or give constants/shapes.
@@ -307,7 +307,7 @@ def _config_dict(cfg) -> dict[str, int | bool]:
 
 
 def build_plan(layer: MoELayer, target: Target, global_types: dict[str, tuple[list[int], str]]) -> dict[str, Any]:
-    """The kernel plan of ``layer`` for ``target`` (see ``mxmoe.runtime.triton_kernels.kernel_plan``)."""
+    """The kernel plan of ``layer`` for ``target`` (see ``mxmoe.kernels.triton.kernel_plan``)."""
     arch = int(target.arch.removeprefix("sm_"))
     E, k, H, I = layer.num_experts, layer.top_k, layer.hidden, layer.intermediate
     k_contiguous, hopper, tiled = (getattr(LAYOUTS[layer.layout], f) for f in ("k_contiguous", "hopper", "tiled"))

@@ -4,8 +4,8 @@ Importing ``mxmoe`` is cheap and needs no torch: the layers (``mxmoe.torch_front
 ``mxmoe.compiler``, ``mxmoe.runtime``) load on first use.
 """
 
-from mxmoe._version import __version__
-from mxmoe.config import MoEConfig, preset
+from mxmoe.core._version import __version__
+from mxmoe.core.config import MoEConfig, preset
 
 __all__ = ["__version__", "MoEConfig", "preset", "compile"]
 
@@ -15,6 +15,6 @@ def compile(source, target: str = "cpu", **options):  # noqa: A001 - mirrors tor
 
     Thin forwarder so ``mxmoe.compile`` works without importing the compiler at ``import mxmoe``.
     """
-    from mxmoe.compiler.api import compile as _compile
+    from mxmoe.torch_frontend.compile import compile as _compile
 
     return _compile(source, target=target, **options)

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from mxmoe._version import __version__
+from mxmoe.core._version import __version__
 
 EXIT_ERROR = 1       # the command could not do its job (bad input, missing file, corrupt artifact...)
 EXIT_MISMATCH = 3    # run --check: the compiled result disagrees with the reference
@@ -91,7 +91,7 @@ def _load_source(args):
     if args.preset:
         if args.source:
             raise CliError("give either SOURCE or --preset, not both")
-        from mxmoe.config import preset
+        from mxmoe.core.config import preset
 
         cfg = preset(args.preset)
         with _Step(f"building random {args.preset} layer (E={cfg.num_experts}, k={cfg.top_k}, "
@@ -103,7 +103,7 @@ def _load_source(args):
     src = args.source
     p = Path(src)
     if p.is_dir():
-        from mxmoe.checkpoint import hf_moe_layers, read_hf_config
+        from mxmoe.core.checkpoint import hf_moe_layers, read_hf_config
 
         if not (p / "config.json").is_file():
             raise CliError(f"{p}: not a checkpoint directory (no config.json)")
@@ -123,7 +123,7 @@ def _load_source(args):
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 layer = MoE.from_hf_checkpoint(str(p), layers[0], dtype=dtype)
         # every other layer: check its tensors now, so a broken checkpoint fails before compiling
-        from mxmoe.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
 
         for n in layers[1:]:
             read_hf_gpt_oss(p, n)
@@ -172,8 +172,8 @@ _BARE_MOE_OPS = {"aten.sym_size.int": None, "aten.reshape.default": None, "aten.
 def _moe_from_exported(ep, parameter_names) -> dict | None:
     """The manifest's ``model`` record for an exported program that is exactly one mxmoe MoE layer
     (so ``run --check`` can rebuild the reference from the artifact's weights), else None."""
-    from mxmoe.config import MoEConfig
-    from mxmoe.runtime.artifact import moe_model_info
+    from mxmoe.core.config import MoEConfig
+    from mxmoe.core.weights import moe_model_info
 
     counts: dict[str, int] = {}
     ops = {}
@@ -240,7 +240,7 @@ def cmd_compile(args) -> int:
         options["model"] = _moe_from_exported(source, compiled.parameters)
         compiled.model = options["model"]
     if ckpt is not None:
-        from mxmoe.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
 
         srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
         options["external_sources"] = srcs
@@ -304,7 +304,7 @@ def _describe_source(desc: dict, compiled) -> str:
 def _random_inputs(specs, tokens: int, seed: int):
     import numpy as np
 
-    from mxmoe.runtime.signature import numpy_dtype
+    from mxmoe.core.bridge import numpy_dtype
 
     rng = np.random.default_rng(seed)
     out = []
@@ -363,7 +363,7 @@ def cmd_run(args) -> int:
     if not args.check:
         return 0
     ref, impl = _reference(args, mod, art, inputs)
-    from mxmoe.runtime.reference import relative_error
+    from mxmoe.core.reference import relative_error
 
     err = relative_error(np.asarray(outs[0], dtype=np.float32), ref)
     ok = err <= args.tol
@@ -377,8 +377,8 @@ def _reference(args, mod, art, inputs):
     import numpy as np
 
     from mxmoe.runtime.loader import logical_parameters, parameter_arrays
-    from mxmoe.runtime.reference import reference_moe, weights_from_parameters
-    from mxmoe.runtime.signature import numpy_dtype
+    from mxmoe.core.bridge import numpy_dtype
+    from mxmoe.core.reference import weights_from_parameters
 
     if args.reference:
         import torch
@@ -400,16 +400,39 @@ def _reference(args, mod, art, inputs):
         raise CliError("--check of an MoE layer expects one input")
     stored, _ = parameter_arrays(art, args.weights, args.weight_set, args.layer)
     weights = weights_from_parameters(model, logical_parameters(art, stored))
-    ref, impl = reference_moe(weights, np.asarray(inputs[0], dtype=np.float32), numpy_dtype(mod.inputs[0].dtype),
-                              prefer_torch=not args.numpy_reference)
-    return ref, impl
+    return _layer_reference(weights, np.asarray(inputs[0], dtype=np.float32), numpy_dtype(mod.inputs[0].dtype),
+                            prefer_torch=not args.numpy_reference)
+
+
+def _layer_reference(weights, x, activation_dtype, prefer_torch: bool):
+    """(reference output as float32, which implementation ran): mxmoe's torch layer where torch is installed,
+    else the numpy reference (same semantics; a deploy box may have no torch)."""
+    import numpy as np
+
+    from mxmoe.core.reference import numpy_reference
+
+    if prefer_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:
+            from mxmoe.core.bridge import torch_dtype
+            from mxmoe.torch_frontend.moe import MoE
+
+            tdt = torch_dtype(np.dtype(activation_dtype).name)
+            layer = MoE(weights, dtype=tdt)
+            with torch.no_grad():
+                out = layer(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(tdt))
+            return out.float().numpy(), "torch"
+    return numpy_reference(weights, x, activation_dtype), "numpy"
 
 
 # ============================================================================================ inspect
 
 def cmd_inspect(args) -> int:
     from mxmoe.runtime.artifact import Artifact
-    from mxmoe.runtime.signature import TensorSpec
+    from mxmoe.core.signature import TensorSpec
 
     art = Artifact(args.artifact)
     if args.verify:
@@ -478,7 +501,7 @@ def cmd_inspect(args) -> int:
 # ============================================================================================ main
 
 def build_parser() -> argparse.ArgumentParser:
-    from mxmoe.config import PRESETS
+    from mxmoe.core.config import PRESETS
 
     p = argparse.ArgumentParser(
         prog="mxmoe", description="Compile MXFP4 Mixture-of-Experts layers ahead of time and run them.",

@@ -34,6 +34,8 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 
 import numpy as np
 
+from mxmoe.core.host import cpu_features
+
 MAGIC = b"\x89MXMOE\r\n"
 FORMAT_VERSION = 1
 ALIGNMENT = 4096
@@ -54,7 +56,7 @@ class ArtifactError(ValueError):
 
 
 def _version() -> str:
-    from mxmoe._version import __version__
+    from mxmoe.core._version import __version__
 
     return __version__
 
@@ -333,7 +335,7 @@ def safetensors_writer(arrays: Mapping[str, np.ndarray]) -> Callable[[BinaryIO],
 
 def read_safetensors_view(view: memoryview, label: str = "weights") -> dict[str, np.ndarray]:
     """Arrays viewing a safetensors section (read-only, no copy)."""
-    from mxmoe.runtime.signature import numpy_dtype
+    from mxmoe.core.bridge import numpy_dtype
 
     inv = {v: k for k, v in _ST_DTYPES.items()}
     if len(view) < 8:
@@ -392,25 +394,6 @@ def irpa_index(view: memoryview):
 
 # ================================================================= from a compiled module
 
-#: CPU features that decide whether host-compiled code runs on another machine.
-_ISA_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "avx512f", "avx512bw", "avx512cd",
-              "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512vbmi", "avx_vnni",
-              "amx_tile", "amx_bf16", "amx_int8")
-
-
-def host_cpu_features() -> list[str] | None:
-    """ISA flags of this CPU that host-compiled code may use (None where /proc/cpuinfo is missing)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [x for x in _ISA_FLAGS if x in have]
-    except OSError:
-        pass
-    return None
-
-
 def _section_name(s: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
 
@@ -443,10 +426,10 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
         form = forms.get(name)
         params.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape),
                        "form": form.to_dict() if form is not None else None})
-    target = {"name": tgt.name, "backend": tgt.backend, "arch": tgt.arch, "layout": getattr(tgt, "layout", None)}
+    target = {"name": tgt.name, "backend": tgt.backend, "arch": tgt.arch, "layout": getattr(getattr(tgt, "layout", None), "name", None)}
     if tgt.backend == "iree" and tgt.arch == "host":
-        target["cpu_features"] = host_cpu_features()
-        from mxmoe.compiler.ukernels import MATVEC_SYMBOL
+        target["cpu_features"] = cpu_features()
+        from mxmoe.kernels.cpu import MATVEC_SYMBOL
 
         # the C microkernel is linked into the module, whose MLIR calls it by this symbol
         target["cpu_microkernel"] = MATVEC_SYMBOL in (getattr(compiled, "mlir", "") or "")
@@ -532,15 +515,3 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
         for p in tmp_files:
             if os.path.exists(p):
                 os.unlink(p)
-
-
-def moe_model_info(config, parameter_names: Iterable[str]) -> dict | None:
-    """The manifest's ``model`` record for a compiled bare MoE layer: its config and which parameter
-    holds which ``MoEWeights`` field (None when the parameters are not exactly the layer's)."""
-    from mxmoe.weights import VLLM_NAMES
-
-    names = set(parameter_names)
-    fields = {f: f for f in VLLM_NAMES if f in names}
-    if set(fields) != names:
-        return None
-    return {"kind": "moe", "config": config.to_dict(), "parameters": fields}

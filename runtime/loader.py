@@ -17,8 +17,9 @@ import numpy as np
 
 from mxmoe.runtime.artifact import KIND_IRPA, KIND_SAFETENSORS, Artifact, ArtifactError, irpa_index, \
     read_safetensors_view
-from mxmoe.layouts import StoredForm
-from mxmoe.runtime.signature import TensorSpec, check_inputs, numpy_dtype
+from mxmoe.core.stored_form import StoredForm
+from mxmoe.core.bridge import numpy_dtype, to_torch
+from mxmoe.core.signature import TensorSpec, check_inputs
 
 
 class TargetUnavailableError(RuntimeError):
@@ -63,7 +64,7 @@ class LoadedModule:
         arrays, any_torch = check_inputs(self.inputs, args)
         outs = self._executor(*arrays)
         if any_torch:
-            outs = [_to_torch(o) for o in outs]
+            outs = [to_torch(o) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
@@ -83,14 +84,6 @@ def _check_shapes(specs, values) -> None:
             hi = spec.max_dims[i] if exp is None and spec.max_dims else None
             if hi is not None and got > hi:
                 raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside 1..{hi}")
-
-
-def _to_torch(a: np.ndarray):
-    import torch  # only reached when the caller passed torch tensors
-
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
 
 # ============================================================================================ load
@@ -167,9 +160,9 @@ def _check_runnable(art: Artifact, device: str | None) -> None:
     need = _TARGET_WORDS.get(arch, arch)
     if tgt["backend"] == "iree" and arch == "host":
         want = tgt.get("cpu_features") or []
-        from mxmoe.runtime.artifact import host_cpu_features
+        from mxmoe.core.host import cpu_features
 
-        have = host_cpu_features()
+        have = cpu_features()
         if have is not None:
             missing = [f for f in want if f not in have]
             if missing:
@@ -265,7 +258,6 @@ def _irpa_arrays(art: Artifact, view: memoryview) -> dict[str, np.ndarray]:
 
 
 def _external_source(art: Artifact, weights, weight_set, layer) -> tuple[dict, str]:
-    wm = art.manifest["weights"]
     if weights is not None:
         p = Path(weights)
         if p.is_dir():
@@ -297,7 +289,7 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
     """Logical (unpadded, row-major) arrays by parameter name from an external source."""
     kind = src.get("kind")
     if kind == "hf-gpt-oss":
-        from mxmoe.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
 
         model = art.manifest.get("model") or {}
         if model.get("kind") != "moe":
@@ -311,7 +303,7 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
                                + ", ".join(f"{k} {cfg[k]} vs {want[k]}" for k in diff))
         return {param: getattr(w, field) for field, param in model["parameters"].items() if getattr(w, field) is not None}
     if kind == "safetensors":
-        from mxmoe.checkpoint import read_safetensors
+        from mxmoe.core.checkpoint import read_safetensors
 
         return read_safetensors(src["path"])
     raise WeightsError(f"{art.path}: unknown weights source kind {kind!r}")
@@ -319,7 +311,7 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
 
 def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw logical arrays -> the stored arrays the compiled module reads (dtype cast, padding, layout),
-    exactly as the compiler stored them (``mxmoe.layouts.StoredForm``)."""
+    exactly as the compiler stored them (``mxmoe.core.stored_form.StoredForm``)."""
     missing = [p["name"] for p in manifest["parameters"] if p["name"] not in raw]
     if missing:
         raise WeightsError(f"weights lack tensors: {', '.join(missing)}")

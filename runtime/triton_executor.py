@@ -1,6 +1,6 @@
 """Runs a Triton kernel plan: on a CUDA GPU (AOT cubins, or JIT of the same kernels) or under Triton's interpreter.
 
-The plan (``mxmoe.runtime.triton_kernels.kernel_plan``) says everything: which kernels, their
+The plan (``mxmoe.kernels.triton.kernel_plan``) says everything: which kernels, their
 constants, the shape class for the token count, grids and buffer sizes as expressions of ``T``,
 and which parameter feeds which argument. This module only evaluates it. Modes:
 
@@ -25,34 +25,23 @@ import threading
 import warnings
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
-from mxmoe.layouts import HOPPER_MAX_FAST_SCALE
-from mxmoe.runtime.triton_kernels.expr import evaluate
-from mxmoe.runtime.triton_kernels.kernel_plan import PlanError, arg_type, environment, shape_class, validate
-from mxmoe.runtime.triton_kernels._launch import ensure_allocator
-from mxmoe.runtime.triton_kernels.tile_config import compile_stages
+from mxmoe.core.bridge import to_numpy, to_torch, torch_dtype
+from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
+from mxmoe.kernels.triton.expr import evaluate
+from mxmoe.kernels.triton.kernel_plan import PlanError, arg_type, environment, shape_class, validate
+from mxmoe.kernels.triton._launch import ensure_allocator
+from mxmoe.kernels.triton.tile_config import compile_stages
 
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
 MODES = ("auto", "cubin", "jit", "interpret")
 
 
 def _to_torch(name: str, value, want: str, device: torch.device) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-    else:
-        a = np.ascontiguousarray(value)
-        if a.dtype.name == "bfloat16":
-            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        elif a.dtype == np.int8:
-            t = torch.from_numpy(a.view(np.uint8))
-        else:
-            t = torch.from_numpy(a)
+    t = value.detach() if isinstance(value, torch.Tensor) else to_torch(value)
     if t.dtype == torch.int8 and want == "uint8":
         t = t.view(torch.uint8)
-    if t.dtype != _TORCH_DTYPES[want]:
+    if t.dtype != torch_dtype(want):
         raise PlanError(f"parameter '{name}': expected {want}, got {t.dtype}")
     return t.to(device).contiguous()
 
@@ -219,7 +208,7 @@ class TritonExecutor:
 
     def _dummy(self, dtype: str) -> torch.Tensor:
         if dtype not in self._dummies:
-            self._dummies[dtype] = torch.zeros(16, dtype=_TORCH_DTYPES[dtype], device=self.device)
+            self._dummies[dtype] = torch.zeros(16, dtype=torch_dtype(dtype), device=self.device)
         return self._dummies[dtype]
 
     def _launches(self, num_tokens: int) -> tuple:
@@ -229,7 +218,7 @@ class TritonExecutor:
             return cached
         cls = shape_class(self.plan, num_tokens)
         env = environment(cls, num_tokens)
-        buffers = [(name, tuple(evaluate(d, env) for d in b["shape"]), _TORCH_DTYPES[b["dtype"]],
+        buffers = [(name, tuple(evaluate(d, env) for d in b["shape"]), torch_dtype(b["dtype"]),
                     b.get("init") == "zeros") for name, b in self.plan["buffers"].items()]
         steps = []
         for launch in cls["launches"]:
@@ -257,13 +246,11 @@ class TritonExecutor:
     def _check_input(self, x) -> tuple[torch.Tensor, torch.device | None, bool]:
         was_numpy = not isinstance(x, torch.Tensor)
         if was_numpy:
-            a = np.ascontiguousarray(x)
-            x = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype.name == "bfloat16" \
-                else torch.from_numpy(a)
+            x = to_torch(x)
         hidden = self.plan["input"]["hidden"]
         if x.dim() < 2 or x.shape[-1] != hidden:
             raise ValueError(f"input 'x': expected [T, {hidden}] (or [..., {hidden}]), got shape {tuple(x.shape)}")
-        want = _TORCH_DTYPES[self.plan["input"]["dtype"]]
+        want = torch_dtype(self.plan["input"]["dtype"])
         if x.dtype != want:
             if not x.is_floating_point():
                 raise ValueError(f"input 'x': expected {self.plan['input']['dtype']}, got {x.dtype}")
@@ -286,7 +273,7 @@ class TritonExecutor:
             out = self._run(x2, num_tokens)
         out = out.reshape(shape)
         if was_numpy:
-            return _to_numpy(out)
+            return to_numpy(out)
         return out if home == self.device else out.to(home)
 
     def _run(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -304,7 +291,7 @@ class TritonExecutor:
             buffers[name] = pool[offset:offset + math.prod(shp) * dtype.itemsize].view(dtype).view(shp)
             offset += size
         if self.mode == "interpret":
-            from mxmoe.runtime.triton_kernels.kernels import interpreter_scope
+            from mxmoe.kernels.triton.kernels import interpreter_scope
 
             scope = interpreter_scope()
         else:
@@ -323,7 +310,7 @@ class TritonExecutor:
             return
         import triton
 
-        from mxmoe.runtime.triton_kernels.kernels import get_kernel
+        from mxmoe.kernels.triton.kernels import get_kernel
 
         entry = self.plan["kernels"][entry_name]
         fn = get_kernel(entry["kernel"], interpret=self.mode == "interpret")
@@ -331,12 +318,3 @@ class TritonExecutor:
         if self.mode == "jit":
             ensure_allocator()
         fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=stages)
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()

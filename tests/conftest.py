@@ -58,7 +58,7 @@ def near_tie_tokens():
 def linalg_matvec(monkeypatch):
     """Compile the cpu target without its C microkernel (``MXMOE_CPU_UKERNEL=0``): the pure-linalg matvec
     forms that the microkernel replaces at few tokens stay tested."""
-    from mxmoe.compiler.ukernels import matvec_object
+    from mxmoe.kernels.cpu import matvec_object
 
     monkeypatch.setenv("MXMOE_CPU_UKERNEL", "0")
     matvec_object.cache_clear()

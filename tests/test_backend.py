@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import mxmoe
-from mxmoe.config import MoEConfig
+from mxmoe.compiler import api as compiler_api
+from mxmoe.core.config import MoEConfig
 from mxmoe.torch_frontend import MoE, ops
 from mxmoe.torch_frontend import backend as B
 from mxmoe.torch_frontend.compile_cache import CompileCache, make_key
@@ -134,12 +135,12 @@ def test_get_attr_weights(shared_cache):
     assert _mxmoe_compiles() == 1 and any(n.target is torch.ops.mxmoe.region.default for n in gm.graph.nodes)
 
 
-def _boom(*args, **kwargs):  # the tests using it run without a disk cache, so mxmoe.compile is reached
+def _boom(*args, **kwargs):  # the tests using it run without a disk cache, so the compiler is reached
     raise RuntimeError("boom from the test")
 
 
 def test_compile_error_falls_back_with_one_warning(shared_cache, monkeypatch):
-    monkeypatch.setattr(mxmoe, "compile", _boom)
+    monkeypatch.setattr(compiler_api, "compile_program", _boom)
     m = TwoLayers()
     f = torch.compile(m, backend="mxmoe", options=_opts("off", rest="eager"))
     x = _x(5, seed=5)
@@ -157,7 +158,7 @@ def test_compile_error_falls_back_with_one_warning(shared_cache, monkeypatch):
 
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_compile_error_can_raise(shared_cache, monkeypatch, how):
-    monkeypatch.setattr(mxmoe, "compile", _boom)
+    monkeypatch.setattr(compiler_api, "compile_program", _boom)
     opts = _opts("off", rest="eager")
     if how == "option":
         opts["fallback"] = "raise"
@@ -187,8 +188,9 @@ def test_cuda_regions_go_through_the_triton_path(monkeypatch):
     pytest.importorskip("triton")
     assert "triton" in B._LOADABLE
     monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
-    real_compile = mxmoe.compile
-    monkeypatch.setattr(mxmoe, "compile", lambda src, target, **kw: real_compile(src, target=target, interpret=True))
+    real_compile = compiler_api.compile_program
+    monkeypatch.setattr(compiler_api, "compile_program",
+                        lambda ep, target, **kw: real_compile(ep, target=target, interpret=True))
     m = MoE.random(CFG, seed=0)  # one layer: stacked bf16 layers can flip a near-tied route downstream
     f = torch.compile(m, backend="mxmoe", options=_opts("off", rest="eager", fallback="raise"))
     with torch.no_grad():
@@ -317,7 +319,7 @@ _SECOND_PROCESS = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
     import torch
-    from mxmoe.config import MoEConfig
+    from mxmoe.core.config import MoEConfig
     from mxmoe.torch_frontend import MoE, backend as B
     device = sys.argv[2]
     m = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0).to(device)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mxmoe.config import PRESETS
+from mxmoe.core.config import PRESETS
 from mxmoe.torch_frontend import MoE, capture
 from mxmoe.torch_frontend import ops
 

@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mxmoe import checkpoint as ckpt
-from mxmoe.config import preset
-from mxmoe.weights import MoEWeights
+from mxmoe.core import checkpoint as ckpt
+from mxmoe.core.config import preset
+from mxmoe.core.weights import MoEWeights
 
 TINY = preset("tiny")
 

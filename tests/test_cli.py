@@ -20,11 +20,11 @@ import torch
 
 import mxmoe
 import mxmoe.compiler.targets
-from mxmoe.checkpoint import write_hf_gpt_oss
+from mxmoe.core.checkpoint import write_hf_gpt_oss
 from mxmoe.cli import EXIT_MISMATCH, main
 from mxmoe.runtime import artifact as A
 from mxmoe.torch_frontend import MoE, capture
-from mxmoe.weights import MoEWeights
+from mxmoe.core.weights import MoEWeights
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -284,7 +284,7 @@ def test_error_target_this_machine_cannot_run(capsys, work):
 
 
 def test_error_checkpoint_missing_tensors(capsys, ckpt, work):
-    from mxmoe.checkpoint import read_safetensors, write_safetensors
+    from mxmoe.core.checkpoint import read_safetensors, write_safetensors
 
     d, _ = ckpt
     bad = work / "ckpt_missing"

@@ -16,10 +16,12 @@ import pytest
 import torch
 
 import mxmoe
-from mxmoe.compiler import iree_backend, ukernels
+from mxmoe.compiler import iree_backend
+from mxmoe.kernels import cpu as ukernels
 from mxmoe.compiler.targets import TARGETS
-from mxmoe.config import MoEConfig, PRESETS
-from mxmoe.layouts import CPU_BLOCKSPLIT, blocksplit_swizzle, blocksplit_unswizzle
+from mxmoe.core.config import PRESETS
+from mxmoe.core.layouts import CPU_BLOCKSPLIT
+from mxmoe.core.swizzle import blocksplit_swizzle, blocksplit_unswizzle
 from mxmoe.torch_frontend.moe import MoE
 
 TOKENS = (1, 7, 64, 333)
@@ -93,7 +95,7 @@ def test_weights_stored_in_cpu_layout(compiled):
              and f.role == "values"}
     assert forms, f"no w13 values global among {list(cm.stored_forms)}"
     name, form = forms["values"]
-    assert form.layout == CPU_BLOCKSPLIT
+    assert form.layout == CPU_BLOCKSPLIT.name
     stored = cm.parameters[name]
     assert np.array_equal(blocksplit_unswizzle(stored.view(np.uint8)), moe.w13.numpy())
 

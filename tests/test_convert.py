@@ -9,9 +9,9 @@ pytest.importorskip("transformers")
 from transformers import GptOssConfig  # noqa: E402
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP  # noqa: E402
 
-from mxmoe.config import MoEConfig  # noqa: E402
+from mxmoe.core.config import MoEConfig  # noqa: E402
 from mxmoe.torch_frontend import GptOssMoE, MoE, convert  # noqa: E402
-from mxmoe.weights import MoEWeights  # noqa: E402
+from mxmoe.core.weights import MoEWeights  # noqa: E402
 
 H, I, E, K = 64, 64, 4, 2
 

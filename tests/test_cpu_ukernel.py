@@ -1,4 +1,4 @@
-"""The cpu target's C microkernel (compiler/ukernels/mxfp4_matvec.c) and the lowering that dispatches it.
+"""The cpu target's C microkernel (kernels/cpu/mxfp4_matvec.c) and the lowering that dispatches it.
 
 Three levels: the kernel alone (built as a shared library, called through ctypes, against a float64
 numpy reference that implements the documented activation format independently), whole layers compiled
@@ -19,8 +19,9 @@ import torch
 
 import mxmoe
 import mxmoe.runtime
-from mxmoe.compiler import pipeline, ukernels
-from mxmoe.config import PRESETS
+from mxmoe.compiler import pipeline
+from mxmoe.kernels import cpu as ukernels
+from mxmoe.core.config import PRESETS
 from mxmoe.torch_frontend.moe import MoE
 
 TINY = PRESETS["tiny"]

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from mxmoe import layouts
-from mxmoe.layouts import ROW_MAJOR, StoredForm, pad_array, register_layout
+from mxmoe.core import layouts, swizzle
+from mxmoe.core.layouts import ROW_MAJOR, Layout
+from mxmoe.core.stored_form import StoredForm, pad_array
 
 
 def test_pad_array_fills_the_tail_of_each_axis():
@@ -28,7 +29,7 @@ def test_pad_array_rejects_shrinking_and_rank_change():
 
 
 def test_stored_form_round_trips_and_checks_the_shape():
-    form = StoredForm(shape=(2, 3), padded_shape=(2, 4), pad_value=0, layout=ROW_MAJOR, role="bias")
+    form = StoredForm(shape=(2, 3), padded_shape=(2, 4), pad_value=0, layout=ROW_MAJOR.name, role="bias")
     assert StoredForm.from_dict(form.to_dict()) == form
     out = form.apply("w2_bias", np.ones((2, 3), np.float32))
     assert out.shape == (2, 4) and out[:, 3].sum() == 0 and out[:, :3].sum() == 6
@@ -37,8 +38,7 @@ def test_stored_form_round_trips_and_checks_the_shape():
 
 
 def test_layouts_apply_after_padding_and_unknown_layouts_are_named(monkeypatch):
-    monkeypatch.setattr(layouts, "_LAYOUTS", dict(layouts._LAYOUTS))
-    register_layout("test-reverse", lambda role, a: a[..., ::-1], lambda role, a: a[..., ::-1])
+    monkeypatch.setitem(layouts.LAYOUTS, "test-reverse", Layout("test-reverse", lambda a: a[..., ::-1], lambda a: a[..., ::-1]))
     form = StoredForm(shape=(1, 2), padded_shape=(1, 3), pad_value=9, layout="test-reverse", role="values")
     assert form.apply("w", np.array([[1, 2]], np.uint8)).tolist() == [[9, 2, 1]]
     bad = StoredForm(shape=(1, 2), padded_shape=(1, 2), layout="no-such-layout")
@@ -46,8 +46,8 @@ def test_layouts_apply_after_padding_and_unknown_layouts_are_named(monkeypatch):
         bad.apply("w", np.zeros((1, 2)))
 
 
-@pytest.mark.parametrize("layout, role", [(ROW_MAJOR, "values"), (layouts.TRITON_KMAJOR, "scales"),
-                                          (layouts.CPU_BLOCKSPLIT, "values"), (layouts.CPU_BLOCKSPLIT, "bias")])
+@pytest.mark.parametrize("layout, role", [(ROW_MAJOR.name, "values"), ("triton-mxfp4-kmajor", "scales"),
+                                          (layouts.CPU_BLOCKSPLIT.name, "values"), (layouts.CPU_BLOCKSPLIT.name, "bias")])
 @pytest.mark.parametrize("halves", [False, True])
 def test_invert_gives_back_the_logical_array(layout, role, halves):
     rng = np.random.default_rng(0)
@@ -63,11 +63,11 @@ def test_invert_gives_back_the_logical_array(layout, role, halves):
 def test_blocksplit_puts_values_b_and_b_plus_16_in_one_byte():
     values = np.arange(32, dtype=np.uint8) % 16          # value i has nibble i mod 16
     packed = (values[0::2] | (values[1::2] << 4)).reshape(1, 16)
-    stored = layouts.blocksplit_swizzle(packed)
+    stored = swizzle.blocksplit_swizzle(packed)
     assert [(b & 15, b >> 4) for b in stored[0].tolist()] == [(i % 16, (i + 16) % 16) for i in range(16)]
 
 
-@pytest.mark.parametrize("layout", [layouts.TRITON_HOPPER, layouts.TRITON_HOPPER_TILED])
+@pytest.mark.parametrize("layout", [layouts.TRITON_HOPPER.name, layouts.TRITON_HOPPER_TILED.name])
 @pytest.mark.parametrize("halves", [False, True])
 def test_hopper_layout_round_trips_through_padding(halves, layout):
     rng = np.random.default_rng(1)
@@ -86,11 +86,11 @@ def test_hopper_word_holds_its_pairs_at_the_documented_places():
     bytes 4q..4q+3: decode that word the kernel's way and find the byte's two values."""
     rng = np.random.default_rng(2)
     a = rng.integers(0, 256, size=(16, 16), dtype=np.uint8)
-    stored = layouts.hopper_swizzle(a)
+    stored = swizzle.hopper_swizzle(a)
     for rb, i, t, jl, q in [(0, 0, 0, 0, 0), (1, 3, 0, 1, 2), (0, 7, 1, 0, 3), (1, 5, 1, 1, 1)]:
         word = int.from_bytes(bytes(stored[8 * jl + i, 4 * q:4 * q + 4]), "little")
         pair = 0
-        for mask, r in layouts.HOPPER_PAIR_BITS[rb + 2 * t]:
+        for mask, r in swizzle.HOPPER_PAIR_BITS[rb + 2 * t]:
             pair |= ((word << r | word >> (32 - r)) if r else word) & mask & 0xFFFFFFFF
         halves = [pair & 0xFFFF, pair >> 16]
         codes = [((h >> 12) & 8) | ((h >> 6) & 7) for h in halves]
@@ -102,9 +102,9 @@ def test_hopper_word_holds_its_pairs_at_the_documented_places():
 def test_hopper_tiles_are_a_permutation_with_contiguous_chunks(n, kb):
     """Every (row, byte) gets its own offset, and chunk j of a 64-row group (rows g0.., bytes 128j..) is one
     contiguous run: rows one after another, each row's bytes in order."""
-    offs = layouts.hopper_tile_offsets(n, kb)
+    offs = swizzle.hopper_tile_offsets(n, kb)
     assert np.array_equal(np.sort(offs.ravel()), np.arange(n * kb))
-    R, B = layouts.HOPPER_TILE_ROWS, layouts.HOPPER_TILE_BYTES
+    R, B = swizzle.HOPPER_TILE_ROWS, swizzle.HOPPER_TILE_BYTES
     for g0 in range(0, n, R):
         for b0 in range(0, kb, B):
             chunk = offs[g0:g0 + R, b0:b0 + B].ravel()
@@ -114,7 +114,7 @@ def test_hopper_tiles_are_a_permutation_with_contiguous_chunks(n, kb):
 def test_hopper_tiled_is_the_hopper_words_moved():
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, size=(2, 96, 160), dtype=np.uint8)
-    words, tiled = layouts.hopper_swizzle(a), layouts.hopper_tiled_swizzle(a)
-    offs = layouts.hopper_tile_offsets(96, 160).ravel()
+    words, tiled = swizzle.hopper_swizzle(a), swizzle.hopper_tiled_swizzle(a)
+    offs = swizzle.hopper_tile_offsets(96, 160).ravel()
     assert np.array_equal(tiled.reshape(2, -1)[:, offs], words.reshape(2, -1))
-    assert np.array_equal(layouts.hopper_tiled_unswizzle(tiled), a)
+    assert np.array_equal(swizzle.hopper_tiled_unswizzle(tiled), a)

@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mxmoe import mxfp4
+from mxmoe.core import mxfp4
 
 E2M1 = ml_dtypes.float4_e2m1fn
 E8M0 = ml_dtypes.float8_e8m0fnu

@@ -7,8 +7,8 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LAYERS = {"mxmoe": "mxmoe", "mxmoe.compiler": "compiler", "mxmoe.runtime": "runtime",
-          "mxmoe.torch_frontend": "torch_frontend"}
+LAYERS = {"mxmoe": "mxmoe", "mxmoe.core": "core", "mxmoe.kernels": "kernels", "mxmoe.runtime": "runtime",
+          "mxmoe.compiler": "compiler", "mxmoe.torch_frontend": "torch_frontend"}
 
 
 def _project():
@@ -32,7 +32,7 @@ def test_package_dirs_map_the_layers():
 def test_layers_import_under_mxmoe_only():
     for pkg in LAYERS:
         importlib.import_module(pkg)
-    for bare in ("compiler", "runtime", "torch_frontend"):
+    for bare in ("core", "kernels", "compiler", "runtime", "torch_frontend"):
         spec = importlib.util.find_spec(bare)
         assert spec is None or ROOT in pathlib.Path(spec.origin or "").parents, f"stray top-level '{bare}'"
 

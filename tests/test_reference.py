@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mxmoe.config import PRESETS, MoEConfig
+from mxmoe.core.config import PRESETS, MoEConfig
 from mxmoe.torch_frontend import MoE
 
 transformers = pytest.importorskip("transformers")

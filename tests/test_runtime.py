@@ -17,14 +17,15 @@ import pytest
 import torch
 
 import mxmoe
-from mxmoe.checkpoint import write_hf_gpt_oss, write_safetensors
+from mxmoe.core.checkpoint import write_hf_gpt_oss, write_safetensors
 from mxmoe.compiler.targets import Target
+from mxmoe.core.layouts import ROW_MAJOR
 from mxmoe.runtime import ArtifactError, TargetUnavailableError, WeightsError, load
 from mxmoe.runtime import artifact as A
 from mxmoe.runtime.loader import stored_parameters
-from mxmoe.runtime.reference import numpy_reference, relative_error
+from mxmoe.core.reference import numpy_reference, relative_error
 from mxmoe.torch_frontend import MoE
-from mxmoe.weights import MoEWeights
+from mxmoe.core.weights import MoEWeights
 
 TOL = 2e-2
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -106,8 +107,8 @@ def test_manifest_records_signature_and_target(mod, compiled):
     assert m["model"]["config"]["num_experts"] == 8
     names = {p["name"] for p in m["parameters"]}
     assert {"w13", "w13_scale", "w2", "w2_scale", "router_weight"} <= names
-    assert m["target"]["layout"] == compiled.target.layout
-    assert all(p["form"]["layout"] == compiled.target.layout for p in m["parameters"] if p["name"].startswith("w"))
+    assert m["target"]["layout"] == compiled.target.layout.name
+    assert all(p["form"]["layout"] == compiled.target.layout.name for p in m["parameters"] if p["name"].startswith("w"))
     for p in m["parameters"]:
         assert p["dtype"] == compiled.parameters[p["name"]].dtype.name
         assert p["shape"] == list(compiled.parameters[p["name"]].shape)
@@ -296,7 +297,7 @@ def test_weight_sets_in_one_artifact(compiled, checkpoints, tmp_path):
 def padded(tmp_path_factory):
     """The tiny layer compiled for a target that pads to 64: I=96 becomes 128 in the stored weights."""
     layer = MoE.random("tiny", seed=4)
-    tgt = Target("cpu", "iree", "host", "mxfp4-rowmajor", 64)
+    tgt = Target("cpu", "iree", "host", ROW_MAJOR, 64)
     return layer, mxmoe.compile(layer, target=tgt)
 
 
@@ -408,12 +409,11 @@ def _manifest_of(compiled) -> dict:
 def test_layouts_are_applied_at_deploy_time_and_inverted_for_checks(art, layer, compiled, tmp_path, monkeypatch):
     """A parameter whose manifest names a non-identity layout: external weights go through that
     layout's transform, the reference check through its inverse, and an unknown layout is named."""
-    from mxmoe import layouts
+    from mxmoe.core import layouts
     from mxmoe.runtime.loader import logical_parameters, parameter_arrays
 
-    monkeypatch.setattr(layouts, "_LAYOUTS", dict(layouts._LAYOUTS))
-    flip = lambda role, a: np.ascontiguousarray(a[..., ::-1]) if role == "values" else a  # noqa: E731
-    layouts.register_layout("test-flip-k", flip, flip)
+    flip = lambda a: np.ascontiguousarray(a[..., ::-1])  # noqa: E731
+    monkeypatch.setitem(layouts.LAYOUTS, "test-flip-k", layouts.Layout("test-flip-k", flip, flip))
 
     def with_layout(name):
         def edit(m):

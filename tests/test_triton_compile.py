@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mxmoe
-from mxmoe.config import MoEConfig
+from mxmoe.core.config import MoEConfig
 from mxmoe.torch_frontend import MoE
 
 pytest.importorskip("iree.compiler")
@@ -120,7 +120,7 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     plan = json.loads(json.dumps(cm.kernel_plan))
     assert plan == cm.kernel_plan
     hopper = target == "cuda:sm_90"
-    assert plan["layer"]["layout"] == ("triton-mxfp4-hopper-tiled" if hopper else "triton-mxfp4-kmajor")
+    assert plan["layer"]["layout"] == ("triton-mxfp4-hopper-tiled" if hopper else "mxfp4-rowmajor")
     assert [c["name"] for c in plan["classes"]] == ["gemv", "decode", "sparse", "mid", "prefill", "large"]
     # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2
     assert [c["max_tokens"] for c in plan["classes"]] == [4, 64, 128, 1024, 2047, None]
@@ -235,7 +235,7 @@ def test_graph_with_other_torch_ops_is_refused_naming_them():
 
 
 def test_plan_expressions_reject_code():
-    from mxmoe.runtime.triton_kernels.expr import ExprError, evaluate
+    from mxmoe.kernels.triton.expr import ExprError, evaluate
 
     assert evaluate("cdiv(T * 4, 16) + min(8, T * 4)", {"T": 5}) == 2 + 8
     for bad in ("__import__('os')", "T.real", "T ** 2", "1.5 * T", "lambda: 1"):
@@ -249,9 +249,9 @@ def test_plan_expressions_reject_code():
 def test_parallel_grouping_matches_single_program_grouping(case):
     """The chunked histogram/scan/scatter kernels (mid and prefill classes) give exactly what the
     one-program kernel (decode class) gives, across several chunks."""
-    from mxmoe.runtime.triton_kernels import group_by_expert
-    from mxmoe.runtime.triton_kernels.grouping import max_blocks
-    from mxmoe.runtime.triton_kernels.kernels import get_kernel, interpreter_scope
+    from mxmoe.kernels.triton import group_by_expert
+    from mxmoe.kernels.triton.grouping import max_blocks
+    from mxmoe.kernels.triton.kernels import get_kernel, interpreter_scope
 
     E, pow2, block_m, chunk, sub = 6, 8, 64, 1024, 256
     gen = torch.Generator().manual_seed(7)
@@ -277,7 +277,7 @@ def test_parallel_grouping_matches_single_program_grouping(case):
 
 _INTERPRET_PROCESS = """
 import torch, mxmoe
-from mxmoe.config import MoEConfig
+from mxmoe.core.config import MoEConfig
 from mxmoe.torch_frontend import MoE
 layer = MoE.random(MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64), seed=0)
 cm = mxmoe.compile(layer, target="cuda:sm_90")              # AOT must leave this process (interpreted tl)
@@ -307,7 +307,7 @@ def test_process_started_with_triton_interpret_set():
 
 def test_old_tritons_compile_the_prefill_gemms_unpipelined():
     """Triton 3.6 miscompiled the pipelined prefill GEMMs on an H100 (see tile_config.compile_stages)."""
-    from mxmoe.runtime.triton_kernels.tile_config import compile_stages
+    from mxmoe.kernels.triton.tile_config import compile_stages
 
     prefill = {"BLOCK_M": 128}
     assert compile_stages("glu_gemm", prefill, 4, "3.6.0") == 1
@@ -322,7 +322,7 @@ def test_scale_range_picks_the_hopper_decode_and_the_executor_holds_weights_to_i
     block of weights up to 6 * 2^73) keeps the two-multiply form and still matches the reference; a plan made
     for small scales refuses weights it was not compiled for instead of returning infinities."""
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.runtime.triton_kernels.kernel_plan import PlanError
+    from mxmoe.kernels.triton.kernel_plan import PlanError
 
     def hopper_flags(cm):
         return {e["constexprs"]["WIDE_SCALES"] for e in cm.kernel_plan["kernels"].values()

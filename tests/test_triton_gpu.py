@@ -25,9 +25,9 @@ def _compiled(name: str, layer):
 
     plans = os.environ.get("MXMOE_GPU_PLANS")
     if plans:
-        from mxmoe.runtime.triton_kernels.kernel_plan import read_bundle
+        from mxmoe.kernels.triton.kernel_plan import read_bundle
 
-        from mxmoe.runtime.triton_kernels.kernel_plan import plan_parameters
+        from mxmoe.kernels.triton.kernel_plan import plan_parameters
 
         plan, binaries = read_bundle(os.path.join(plans, name))
         assert plan["layer"]["layout"] == "triton-mxfp4-hopper-tiled"

@@ -1,7 +1,7 @@
-"""mxmoe.runtime.triton_kernels against a plain-torch reference.
+"""mxmoe.kernels.triton against a plain-torch reference.
 
 Without a GPU the kernels run under Triton's interpreter on CPU tensors (``KernelLaunch.launch``
-uses the interpreted twins of the kernels for CPU tensors, see ``triton_kernels.kernels``). With a
+uses the interpreted twins of the kernels for CPU tensors, see ``mxmoe.kernels.triton.kernels``). With a
 GPU the same small cases run compiled on CUDA, and the ``gpu`` tests add larger shapes.
 """
 
@@ -18,9 +18,9 @@ HAS_CUDA = torch.cuda.is_available()
 
 # Without a GPU the launches run under Triton's interpreter: KernelLaunch.launch picks the
 # interpreted twin of each kernel for CPU tensors (no TRITON_INTERPRET needed in this process).
-from mxmoe.runtime.triton_kernels import (  # noqa: E402
+from mxmoe.kernels.triton import (  # noqa: E402
     COL_MAJOR, HOPPER, HOPPER_TILED, LAYOUTS, ROW_MAJOR, TileConfig, choose_config, group_by_expert, moe_forward, route)
-from mxmoe.runtime.triton_kernels.tile_config import shape_classes  # noqa: E402
+from mxmoe.kernels.triton.tile_config import shape_classes  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
@@ -159,8 +159,8 @@ def test_group_by_expert(case, block_m):
 def test_route_and_group_kernel_of_earlier_plans():
     """gemv plans compiled before the router was folded into their routing launch name ``route_and_group``
     (their JIT fallback runs it): it still routes like ``route`` and groups like ``group_by_expert``."""
-    from mxmoe.runtime.triton_kernels._launch import KernelLaunch
-    from mxmoe.runtime.triton_kernels._routing_kernel import route_and_group_kernel
+    from mxmoe.kernels.triton._launch import KernelLaunch
+    from mxmoe.kernels.triton._routing_kernel import route_and_group_kernel
 
     T, E, k, block_m = 3, 8, 2, 16
     logits = torch.randn(T, E, generator=torch.Generator().manual_seed(5)).to(DEVICE)
@@ -201,8 +201,8 @@ def test_few_token_router_launch_routes_and_groups_like_route_and_group_by_exper
     router weights plus a bias of e/1024 keep every logit exact and distinct (no near-ties)."""
     import triton
 
-    from mxmoe.runtime.triton_kernels._launch import KernelLaunch
-    from mxmoe.runtime.triton_kernels._routing_kernel import router_route_group_kernel, router_route_scatter_kernel
+    from mxmoe.kernels.triton._launch import KernelLaunch
+    from mxmoe.kernels.triton._routing_kernel import router_route_group_kernel, router_route_scatter_kernel
 
     H, block_m, split, gen = 256, 16, 64, torch.Generator().manual_seed(T * E + k)
     x = torch.randint(-3, 4, (T, H), generator=gen).float()
@@ -399,7 +399,7 @@ def test_hopper_decode_every_code_and_scale(wide_scales):
     """The GEMMs' decode of the Hopper layout, value by value against the e2m1 x e8m0 definition: all 256
     bytes under every scale byte it promises to cover (the one-multiply form: 0..128; the two-multiply
     form: all, 255 giving NaN). Runs the inline-PTX decode on a GPU, its fp32 twin in the interpreter."""
-    from mxmoe.runtime.triton_kernels.grouped_gemm import hopper_decode
+    from mxmoe.kernels.triton.grouped_gemm import hopper_decode
 
     scales = torch.arange(0, 129 if not wide_scales else 256)
     n, k = 16 * len(scales), 512  # each 16-row group has one scale byte; every row holds all 256 bytes
@@ -417,7 +417,7 @@ def test_hopper_decode_every_code_and_scale(wide_scales):
 
 
 def test_hopper_layout_needs_whole_row_groups():
-    from mxmoe.runtime.triton_kernels.grouped_gemm import hopper_decode
+    from mxmoe.kernels.triton.grouped_gemm import hopper_decode
 
     w = torch.zeros(1, 24, 32, dtype=torch.uint8)
     with pytest.raises(ValueError, match="N a multiple of 16"):
@@ -430,7 +430,7 @@ def test_hopper_layout_needs_whole_row_groups():
 
 AOT_SCRIPT = textwrap.dedent("""
     import json, sys
-    from mxmoe.runtime.triton_kernels import aot_compile
+    from mxmoe.kernels.triton import aot_compile
     sizes = {arch: {name: len(cubin) for name, cubin in aot_compile(
                  arch, num_experts=8, top_k=2, hidden=64, intermediate=96).items()}
              for arch in (90, 100)}

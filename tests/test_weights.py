@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mxmoe import mxfp4
-from mxmoe.config import MoEConfig, preset
-from mxmoe.weights import MoEWeights
+from mxmoe.core import mxfp4
+from mxmoe.core.config import preset
+from mxmoe.core.weights import MoEWeights
 
 TINY = preset("tiny")  # E=8, k=2, H=64, I=96
 

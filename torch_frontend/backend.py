@@ -37,7 +37,6 @@ import inspect
 import itertools
 import operator
 import os
-import sys
 import threading
 import time
 import warnings
@@ -48,6 +47,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import fx
 
+from mxmoe.core.bridge import dtype_name, to_numpy
 from mxmoe.torch_frontend import ops as _ops  # noqa: F401  (registers the mxmoe custom ops)
 from mxmoe.torch_frontend.compile_cache import CompileCache, make_key
 
@@ -304,12 +304,6 @@ def _export_module(sub: fx.GraphModule, roles: list[str], weights: dict[int, tor
     return fx.GraphModule(root, g, class_name="MxmoeRegion")
 
 
-def _as_numpy(t: torch.Tensor):
-    from mxmoe.compiler.importer import _np
-
-    return _np(t)
-
-
 # -------------------------------------------------------------------------------- compiled modules
 @dataclass
 class _Compiled:
@@ -346,8 +340,8 @@ class _Compiled:
     def from_cache(cls, key: str, manifest: dict, payload: bytes) -> "_Compiled":
         from mxmoe.compiler.api import CompiledModule
         from mxmoe.compiler.targets import get_target
-        from mxmoe.layouts import StoredForm
-        from mxmoe.runtime.signature import TensorSpec
+        from mxmoe.core.stored_form import StoredForm
+        from mxmoe.core.signature import TensorSpec
 
         tgt = get_target(manifest["target"])
         if tgt.backend != manifest["backend"] or tgt.backend not in ("iree", "triton"):
@@ -374,7 +368,7 @@ class _Compiled:
         """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters."""
         from mxmoe.compiler.parameters import store_parameters
 
-        raw = {self.param_names[i]: _as_numpy(t) for i, t in weights.items()}
+        raw = {self.param_names[i]: to_numpy(t) for i, t in weights.items()}
         forms = self.template.stored_forms
         stored = store_parameters(forms, raw) if forms else raw
         module = dataclasses.replace(self.template, parameters=stored, _executor=None)
@@ -395,7 +389,7 @@ def _compile_region(key: str, region_mod: fx.GraphModule, example_acts: list, ta
     if tgt.backend not in _LOADABLE or (tgt.backend == "iree" and not tgt.runnable_here):
         raise NotImplementedError(f"the torch.compile backend does not run mxmoe's {tgt.backend} target "
                                   f"{tgt.name} on torch tensors yet")
-    import mxmoe
+    from mxmoe.compiler.api import compile_program
     from mxmoe.compiler.importer import global_name
     from mxmoe.torch_frontend.capture import capture
 
@@ -403,7 +397,7 @@ def _compile_region(key: str, region_mod: fx.GraphModule, example_acts: list, ta
     # nested export installs would otherwise land on the frame being compiled.
     with torch._guards.tracing(None):
         ep = capture(region_mod, tuple(example_acts))
-    cm = mxmoe.compile(ep, target=tgt)
+    cm = compile_program(ep, target=tgt)
     names = {i: global_name(f"w{i}") for i in weight_pos}
     if set(cm.parameters) != set(names.values()):
         raise RuntimeError(f"compiled module's parameters {sorted(cm.parameters)} do not match the region's "
@@ -578,7 +572,7 @@ def _process_region(gm: fx.GraphModule, nodes: list[fx.Node], placeholder_values
         device = devices.pop()
         target = target_for(device)
         key = make_key({"graph": _structure(sub), "inputs": shapes, "target": target, "bind": "runtime"})
-        expected_outputs = [_dtype_name(_meta_value(n).dtype) for n in orig_outputs]
+        expected_outputs = [dtype_name(_meta_value(n).dtype) for n in orig_outputs]
         region_mod = _export_module(sub, roles, weights)
         compiled = _get_compiled(
             key, lambda: _compile_region(key, region_mod, example_acts, target, sorted(weights), expected_outputs),
@@ -607,16 +601,6 @@ def _process_region(gm: fx.GraphModule, nodes: list[fx.Node], placeholder_values
     for n in reversed(nodes):
         gm.graph.erase_node(n)
     return inst
-
-
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-                torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
-
-
-def _dtype_name(dt: torch.dtype) -> str:
-    if dt not in _DTYPE_NAMES:
-        raise ValueError(f"region output dtype {dt} is not supported")
-    return _DTYPE_NAMES[dt]
 
 
 def _compile_rest(gm: fx.GraphModule, example_inputs: Sequence, opts: Options) -> Callable:

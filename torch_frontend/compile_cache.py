@@ -30,30 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-ENV_DIR = "MXMOE_CACHE_DIR"
+from mxmoe.core.host import cache_root
+
 MAGIC = b"MXMOE-CACHE\n"
 FORMAT = 1
 _LEN = struct.Struct("<Q")
 
 
-def default_root() -> Optional[Path]:
-    """The cache folder from the environment, or None when ``MXMOE_CACHE_DIR`` is ``off``/``0``/empty-off."""
-    env = os.environ.get(ENV_DIR)
-    if env is not None:
-        if env.strip().lower() in ("off", "0", "none", "false", ""):
-            return None
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mxmoe"
-
-
-#: Sources a compiled region depends on (relative to the mxmoe package folders): the compiler, the ops'
-#: schemas and capture, layouts/config, and the backend that builds the region. The runtime is not in it:
-#: a compiled module does not change with the code that runs it. The cpu microkernel's C source is in it: the
-#: module links the object built from it.
-_SOURCES = (("mxmoe.compiler", "**/*.py"), ("mxmoe.compiler", "**/*.c"), ("mxmoe.torch_frontend", "ops.py"),
-            ("mxmoe.torch_frontend", "capture.py"), ("mxmoe.torch_frontend", "backend.py"), ("mxmoe", "layouts.py"),
-            ("mxmoe", "config.py"))
+#: The layers whose sources decide what a compiled region is: the compiler, the kernels it plans and builds
+#: (Triton sources and the cpu microkernel's C), core (layouts, config) and this frontend (ops, capture, the
+#: backend). Every .py and .c file of them goes into the key, so an edited kernel or pass is a new key even
+#: while the package version stays the same. The runtime is left out: it does not change a compiled module.
+_SOURCES = ("mxmoe.core", "mxmoe.kernels", "mxmoe.compiler", "mxmoe.torch_frontend")
 
 
 @functools.cache
@@ -63,9 +51,9 @@ def _source_fingerprint() -> str:
     import importlib
 
     h = hashlib.sha256()
-    for pkg, pattern in _SOURCES:
+    for pkg in _SOURCES:
         root = Path(importlib.import_module(pkg).__file__).parent
-        for p in sorted(root.glob(pattern)):
+        for p in sorted(q for pattern in ("**/*.py", "**/*.c") for q in root.glob(pattern)):
             h.update(f"{pkg}/{p.relative_to(root)}".encode())
             h.update(p.read_bytes())
     return h.hexdigest()
@@ -78,7 +66,7 @@ def environment() -> dict[str, str]:
 
     import torch
 
-    import mxmoe
+    from mxmoe.core._version import __version__
 
     def ver(dist: str) -> str:
         try:
@@ -86,7 +74,7 @@ def environment() -> dict[str, str]:
         except PackageNotFoundError:
             return "absent"
 
-    return {"mxmoe": mxmoe.__version__, "mxmoe_sources": _source_fingerprint(),
+    return {"mxmoe": __version__, "mxmoe_sources": _source_fingerprint(),
             "iree_compiler": ver("iree-base-compiler"), "iree_runtime": ver("iree-base-runtime"),
             "triton": ver("triton"), "torch": torch.__version__}
 
@@ -116,7 +104,7 @@ class CompileCache:
 
     @classmethod
     def from_env(cls) -> "CompileCache":
-        return cls(default_root())
+        return cls(cache_root())
 
     @property
     def enabled(self) -> bool:

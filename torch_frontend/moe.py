@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxmoe.config import MoEConfig, preset
+from mxmoe.core.config import MoEConfig, preset
 from mxmoe.torch_frontend import ops
 from mxmoe.torch_frontend.mxfp4 import dequantize
-from mxmoe.weights import MoEWeights
+from mxmoe.core.weights import MoEWeights
 
 _WEIGHT_NAMES = ("w13", "w13_scale", "w2", "w2_scale")
 _FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias")
@@ -60,7 +60,7 @@ class MoE(nn.Module):
     @classmethod
     def from_hf_checkpoint(cls, path: str, layer: int, dtype: torch.dtype = torch.bfloat16) -> "MoE":
         """Build from layer ``layer`` of an HF gpt-oss checkpoint directory (MXFP4 blocks/scales)."""
-        from mxmoe.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
 
         return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
 

@@ -1,10 +1,10 @@
-"""MXFP4 decode in torch, for the reference ops (the numpy codec lives in ``mxmoe.mxfp4``)."""
+"""MXFP4 decode in torch, for the reference ops (the numpy codec lives in ``mxmoe.core.mxfp4``)."""
 
 from __future__ import annotations
 
 import torch
 
-from mxmoe.config import MXFP4_BLOCK
+from mxmoe.core.config import MXFP4_BLOCK
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 

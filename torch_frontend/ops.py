@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mxmoe.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
 from mxmoe.torch_frontend.mxfp4 import dequantize
 
 _LIB = "mxmoe"

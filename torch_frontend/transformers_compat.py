@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mxmoe.config import MoEConfig
-from mxmoe.weights import MoEWeights
+from mxmoe.core.config import MoEConfig
+from mxmoe.core.weights import MoEWeights
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -1,7 +1,7 @@
 """mxmoe-assign-layout: record on every grouped matmul the weight layout its target's lowering reads.
 
 Matches ``mxmoe.grouped_matmul*`` ops and sets ``mxmoe.layout`` (a string naming a layout in
-``mxmoe.layouts``) from the target, on the op and on the ``util.global`` of each of its weights, with
+``mxmoe.core.layouts``) from the target, on the op and on the ``util.global`` of each of its weights, with
 ``mxmoe.weight_role`` ("values", "scales", "bias") on the global. The compiler transforms the stored
 weights with that layout at compile time and the artifact's manifest records it, so the runtime never
 guesses. An op or a weight global that already carries a different layout is rejected.
@@ -13,7 +13,7 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView
-from mxmoe.layouts import known_layouts
+from mxmoe.core.layouts import known_layouts
 
 NAME = "mxmoe-assign-layout"
 ATTR = "mxmoe.layout"

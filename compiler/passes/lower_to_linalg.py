@@ -382,7 +382,7 @@ def _signature_key(op: ir.Operation) -> str:
 
 
 def make(option: str | None):
-    """``ukernel=PATH``: link the cpu microkernel object at PATH (``mxmoe.compiler.ukernels``) and use it for
+    """``ukernel=PATH``: link the cpu microkernel object at PATH (``mxmoe.kernels.cpu``) and use it for
     the blocksplit layout's grouped matmuls with bf16/f16 activations; without it the pass emits linalg only."""
     ukernel = None
     if option:

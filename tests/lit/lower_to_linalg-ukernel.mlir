@@ -1,4 +1,4 @@
-// mxmoe-lower-to-linalg{ukernel=PATH}: with the cpu microkernel object (mxmoe.compiler.ukernels builds it),
+// mxmoe-lower-to-linalg{ukernel=PATH}: with the cpu microkernel object (mxmoe.kernels.cpu builds it),
 // a blocksplit grouped matmul is two flow.dispatches (quantize the activation rows, then the grouped
 // matvec) of stream.executables that call C symbols and carry the object for iree-compile to link, at
 // every token count (no expert loop).

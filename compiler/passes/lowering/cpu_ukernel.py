@@ -1,12 +1,12 @@
 """The cpu lowering's microkernel form of a grouped matmul: two IREE dispatches of hand-written C.
 
 Used by :mod:`cpu_grouped` at every token count when the microkernel object was built
-(``mxmoe.compiler.ukernels``) and the activations are bf16 or f16. Pieces of IR:
+(``mxmoe.kernels.cpu``) and the activations are bf16 or f16. Pieces of IR:
 
 * :func:`quantize_dispatch`: the C quantizer (``mxmoe_mxfp4_quantize_rows``) reads each sorted row's
   activations straight from the op's input (row ``order[p] / div``) and writes them as int16 with one
   power-of-two scale per 32-value block, in the order the matvec's decode produces weights (the format
-  is described in ``compiler/ukernels/mxfp4_matvec.c``); a few rows per workgroup.
+  is described in ``kernels/cpu/mxfp4_matvec.c``); a few rows per workgroup.
 * :func:`matvec_dispatch`: a ``flow.dispatch`` over (output tiles, used-expert slots); each workgroup
   reads its expert's id, first row and row count from the packed ``info`` table on the device, so all
   used experts run in one dispatch with no host loop and no read back. It writes each row back to its
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from mxmoe.compiler.passes.lowering.text import Body, tt
-from mxmoe.compiler.ukernels import MATVEC_SYMBOL, QUANTIZE_SYMBOL
+from mxmoe.kernels.cpu import MATVEC_SYMBOL, QUANTIZE_SYMBOL
 
 #: outputs per matvec workgroup (a multiple of 32, like the padded N)
 TILE_N = 64

@@ -134,7 +134,7 @@ def compile_plan(plan, arch: int | None = None) -> tuple[dict[str, bytes], dict[
 
 _SUBPROCESS = """
 import json, pickle, sys
-from mxmoe.runtime.triton_kernels.aot import compile_plan
+from mxmoe.kernels.triton.aot import compile_plan
 plan = json.load(sys.stdin)
 sys.stdout.buffer.write(pickle.dumps(compile_plan(plan, int(sys.argv[1]))))
 """

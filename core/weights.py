@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxmoe import mxfp4
-from mxmoe.config import MXFP4_BLOCK, MoEConfig
+from mxmoe.core import mxfp4
+from mxmoe.core.config import MXFP4_BLOCK, MoEConfig
 
-__all__ = ["MoEWeights", "VLLM_NAMES", "expected_tensors", "check_tensor"]
+__all__ = ["MoEWeights", "VLLM_NAMES", "expected_tensors", "check_tensor", "moe_model_info"]
 
 #: MoEWeights field -> its name in vLLM's fused-MoE state dict (router names are ours).
 VLLM_NAMES = {
@@ -69,7 +69,7 @@ class MoEWeights:
 
     w13 has ``2*intermediate`` rows, interleaved (gate, up, gate, up, ...) or concatenated (all gate,
     then all up) as ``config.interleaved`` says. MXFP4 tensors are packed along the reduction axis
-    (hidden for w13, intermediate for w2); see ``mxmoe.mxfp4`` for the byte layout.
+    (hidden for w13, intermediate for w2); see ``mxmoe.core.mxfp4`` for the byte layout.
     """
 
     config: MoEConfig
@@ -250,3 +250,13 @@ def _pad_axis(a: np.ndarray, axis: int, extra: int, fill) -> np.ndarray:
     shape = list(a.shape)
     shape[axis] = extra
     return np.concatenate([a, np.full(shape, fill, dtype=a.dtype)], axis=axis)
+
+
+def moe_model_info(config, parameter_names) -> dict | None:
+    """The manifest's ``model`` record for a compiled bare MoE layer: its config and which parameter
+    holds which ``MoEWeights`` field (None when the parameters are not exactly the layer's)."""
+    names = set(parameter_names)
+    fields = {f: f for f in VLLM_NAMES if f in names}
+    if set(fields) != names:
+        return None
+    return {"kind": "moe", "config": config.to_dict(), "parameters": fields}

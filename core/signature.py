@@ -7,15 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-_DTYPES = {"bfloat16", "float16", "float32", "int32", "int64", "uint8"}
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+from mxmoe.core.bridge import DTYPES, is_tensor, numpy_dtype, to_numpy
 
 
 @dataclass(frozen=True)
@@ -30,7 +22,7 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        if d.get("dtype") not in _DTYPES:
+        if d.get("dtype") not in DTYPES:
             raise ValueError(f"tensor spec {d.get('name')!r}: unknown dtype {d.get('dtype')!r}")
         md = d.get("max_dims")
         return cls(d["name"], d["dtype"], tuple(d["shape"]), tuple(md) if md is not None else None)
@@ -42,23 +34,11 @@ class TensorSpec:
 
 def as_numpy(value: Any) -> tuple[np.ndarray, bool]:
     """(numpy view/copy of value, whether it was a torch tensor). torch is never imported here."""
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        t = value.detach()
-        if t.device.type != "cpu":
-            raise ValueError(f"this module runs on the CPU; got a tensor on {t.device}")
-        if str(t.dtype) == "torch.bfloat16":
-            import ml_dtypes
-
-            return t.contiguous().view(dtype=_torch_int16(t)).numpy().view(ml_dtypes.bfloat16), True
-        return t.contiguous().numpy(), True
+    if is_tensor(value):
+        if value.device.type != "cpu":
+            raise ValueError(f"this module runs on the CPU; got a tensor on {value.device}")
+        return to_numpy(value), True
     return np.asarray(value), False
-
-
-def _torch_int16(t):
-    import torch  # only reached when the caller passed a torch tensor, so torch is importable
-
-    return torch.int16
 
 
 def check_inputs(specs: Sequence[TensorSpec], values: Sequence[Any]) -> tuple[list[np.ndarray], bool]:

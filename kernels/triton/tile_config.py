@@ -130,7 +130,7 @@ def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
 #: warpgroup moved 1.7-2.1 TB/s where the dot_scaled tiles moved 1.2-1.5; at 16384 tokens the 256-row
 #: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387). TMA weight tiles (the last field)
 #: work on this path too but were no faster in any class (within +-2%, mid and prefill 3-7% slower).
-#: Since the tiled layout (mxmoe.layouts.TRITON_HOPPER_TILED) mid runs 4 warps: with 8 it was 5-6% slower
+#: Since the tiled layout (mxmoe.core.layouts.TRITON_HOPPER_TILED) mid runs 4 warps: with 8 it was 5-6% slower
 #: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24).
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),

@@ -11,17 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from mxmoe.layouts import (TRITON_HOPPER, TRITON_HOPPER_TILED, TRITON_KMAJOR, hopper_swizzle, hopper_tiled_swizzle,
-                           hopper_tiled_unswizzle, hopper_unswizzle)
+from mxmoe.core.layouts import ROW_MAJOR as CORE_ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED
+from mxmoe.core.swizzle import hopper_swizzle, hopper_tiled_swizzle, hopper_tiled_unswizzle, hopper_unswizzle
 
 
 @dataclass(frozen=True)
 class WeightLayout:
     """``k_contiguous``: stored [E, N, K/2] / [E, N, K/32] (each output row's bytes contiguous along K)
     when True; stored [E, K/2, N] / [E, K/32, N] (N contiguous) when False. ``hopper``: the values are in
-    :data:`mxmoe.layouts.TRITON_HOPPER` order (K-contiguous rows of re-arranged bytes, same shape), read
+    :data:`mxmoe.core.layouts.TRITON_HOPPER` order (K-contiguous rows of re-arranged bytes, same shape), read
     by the kernels' decode-in-registers path. ``tiled``: Hopper words stored tile by tile
-    (:data:`mxmoe.layouts.TRITON_HOPPER_TILED`, same shape)."""
+    (:data:`mxmoe.core.layouts.TRITON_HOPPER_TILED`, same shape)."""
 
     name: str
     k_contiguous: bool
@@ -78,13 +78,13 @@ COL_MAJOR = WeightLayout("col_major_kn", k_contiguous=False)
 
 LAYOUTS = {layout.name: layout for layout in (ROW_MAJOR, COL_MAJOR)}
 
-#: The layout the compiler assigns for cuda targets (``mxmoe.layouts.TRITON_KMAJOR``): the checkpoint's
+#: The layout the compiler assigns for cuda targets (``mxmoe.core.layouts.TRITON_KMAJOR``): the checkpoint's
 #: K-contiguous order, so its stored-form transform is the identity and scales stay [E, N, K/32].
-KMAJOR = WeightLayout(TRITON_KMAJOR, k_contiguous=True)
-#: The Hopper decode layout (``mxmoe.layouts.TRITON_HOPPER``): rows of re-arranged words.
-HOPPER = WeightLayout(TRITON_HOPPER, k_contiguous=True, hopper=True)
+KMAJOR = WeightLayout(CORE_ROW_MAJOR.name, k_contiguous=True)
+#: The Hopper decode layout (``mxmoe.core.layouts.TRITON_HOPPER``): rows of re-arranged words.
+HOPPER = WeightLayout(TRITON_HOPPER.name, k_contiguous=True, hopper=True)
 #: What the compiler assigns for sm_90: the same words stored tile by tile
-#: (``mxmoe.layouts.TRITON_HOPPER_TILED``).
-HOPPER_TILED = WeightLayout(TRITON_HOPPER_TILED, k_contiguous=True, hopper=True, tiled=True)
+#: (``mxmoe.core.layouts.TRITON_HOPPER_TILED``).
+HOPPER_TILED = WeightLayout(TRITON_HOPPER_TILED.name, k_contiguous=True, hopper=True, tiled=True)
 for _layout in (KMAJOR, HOPPER, HOPPER_TILED):
     LAYOUTS[_layout.name] = _layout

@@ -1,7 +1,7 @@
-"""The MoE reference for checking a loaded artifact: torch's ``mxmoe.torch_frontend.MoE`` where torch is
-installed, else the same semantics in numpy (so ``mxmoe run --check`` works on a torch-free deploy box).
+"""The MoE reference in numpy, for checking a loaded artifact where torch is not installed (``mxmoe run
+--check`` on a torch-free deploy box; with torch, the CLI uses ``mxmoe.torch_frontend.MoE`` itself).
 
-The numpy version follows ``mxmoe.torch_frontend.ops`` step by step, rounding to the activation dtype
+It follows ``mxmoe.torch_frontend.ops`` step by step, rounding to the activation dtype
 where the ops do: router logits (linear in the activation dtype), each grouped matmul's output, the GLU
 output and the combined result; everything in between is fp32.
 """
@@ -12,9 +12,9 @@ from typing import Mapping
 
 import numpy as np
 
-from mxmoe import mxfp4
-from mxmoe.config import MoEConfig
-from mxmoe.weights import MoEWeights
+from mxmoe.core import mxfp4
+from mxmoe.core.config import MoEConfig
+from mxmoe.core.weights import MoEWeights
 
 
 def weights_from_parameters(model: dict, logical: Mapping[str, np.ndarray]) -> MoEWeights:
@@ -28,31 +28,6 @@ def weights_from_parameters(model: dict, logical: Mapping[str, np.ndarray]) -> M
     for f in ("router_bias", "w13_bias", "w2_bias"):
         fields.setdefault(f, None)
     return MoEWeights(cfg, **fields)
-
-
-def reference_moe(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype, prefer_torch: bool = True
-                  ) -> tuple[np.ndarray, str]:
-    """(reference output as float32, which implementation ran: "torch" or "numpy")."""
-    if prefer_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        if torch is not None:
-            return _torch_reference(weights, x, activation_dtype), "torch"
-    return numpy_reference(weights, x, activation_dtype), "numpy"
-
-
-def _torch_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype) -> np.ndarray:
-    import torch
-
-    from mxmoe.torch_frontend.moe import MoE
-
-    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[np.dtype(activation_dtype).name]
-    layer = MoE(weights, dtype=tdt)
-    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(tdt)
-    with torch.no_grad():
-        return layer(xt).float().numpy()
 
 
 def _round(a: np.ndarray, dt: np.dtype) -> np.ndarray:

@@ -154,7 +154,7 @@ def plan_parameters(plan: Mapping[str, Any], logical: Mapping[str, Any]) -> dict
     (``benchmarks/gpu_moe.py --build``) to a layer's own buffers; ``mxmoe.compile`` does this itself."""
     import numpy as np
 
-    from mxmoe.layouts import StoredForm
+    from mxmoe.core.stored_form import StoredForm
 
     out = {}
     for glob, spec in plan["parameters"].items():

@@ -19,7 +19,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from mxmoe.config import MXFP4_BLOCK
+from mxmoe.core.config import MXFP4_BLOCK
 
 __all__ = [
     "FP4_VALUES",

@@ -28,8 +28,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from mxmoe.config import MXFP4_BLOCK, MoEConfig
-from mxmoe.weights import VLLM_NAMES, MoEWeights, check_tensor, expected_tensors
+from mxmoe.core.config import MXFP4_BLOCK, MoEConfig
+from mxmoe.core.weights import VLLM_NAMES, MoEWeights, check_tensor, expected_tensors
 
 __all__ = [
     "SafetensorsFile",

@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mxmoe.core.host import cache_root, has_cpu_features
+
 SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
 #: the C entry point (see the source for its arguments)
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
@@ -43,17 +45,6 @@ class Ukernel:
     reason: str = ""
 
 
-def _host_features() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _compiler() -> str | None:
     for cand in (os.environ.get("MXMOE_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
         if cand and shutil.which(cand):
@@ -62,9 +53,7 @@ def _compiler() -> str | None:
 
 
 def _cache_dir() -> Path:
-    from mxmoe.torch_frontend.compile_cache import default_root
-
-    root = default_root()
+    root = cache_root()
     if root is None:  # caching switched off: a folder for this process
         return Path(tempfile.mkdtemp(prefix="mxmoe-ukernel-"))
     return root / "ukernels"
@@ -77,7 +66,7 @@ def matvec_object() -> Ukernel:
         return Ukernel(None, f"{ENV_SWITCH}={os.environ[ENV_SWITCH]}")
     if platform.machine() not in ("x86_64", "AMD64"):
         return Ukernel(None, f"the microkernel is x86-64 only (this host is {platform.machine()})")
-    missing = [f for f in REQUIRED_FEATURES if f not in _host_features()]
+    missing = [f for f in REQUIRED_FEATURES if not has_cpu_features(f)]
     if missing:
         return Ukernel(None, f"the host CPU lacks {', '.join(missing)}")
     cc = _compiler()

@@ -4,7 +4,7 @@ Both GEMMs run over the padded, expert-sorted row space of :class:`~.grouping.Ex
 program (b, n) computes rows ``block_start[b] + [0, BLOCK_M)`` of expert ``block_expert[b]``
 against BLOCK_N weight columns. Two ways to multiply by the MXFP4 weights:
 
-* ``W_HOPPER`` (sm_90, values in :data:`mxmoe.layouts.TRITON_HOPPER` order): the weight tile is decoded
+* ``W_HOPPER`` (sm_90, values in :data:`mxmoe.core.layouts.TRITON_HOPPER` order): the weight tile is decoded
   to bf16 in registers by a few integer ops and one bf16x2 multiply per pair of values, and is the
   *left* operand of a plain ``tl.dot`` against the gathered activation rows (``acc^T = W x^T``), so a
   warpgroup MMA reads it straight from registers; the accumulator is transposed once for the epilogue.
@@ -18,7 +18,7 @@ import os
 import triton
 import triton.language as tl
 
-from mxmoe.layouts import HOPPER_PAIR_BITS, HOPPER_TILE_BYTES, HOPPER_TILE_ROWS
+from mxmoe.core.swizzle import HOPPER_PAIR_BITS, HOPPER_TILE_BYTES, HOPPER_TILE_ROWS
 
 #: This module is executed once as compiled kernels and, when interpreted kernels are asked for, once
 #: more under TRITON_INTERPRET (see kernels.py): the interpreter cannot run inline PTX.
@@ -118,7 +118,7 @@ def _hopper_decode_interpreted(w, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
 @triton.jit
 def _hopper_decode(w, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDE_SCALES: tl.constexpr):
     """Weights [BLOCK_N, BLOCK_K] bf16 (tile rows in order, k in order) from a tile of stored
-    :data:`~mxmoe.layouts.TRITON_HOPPER` bytes [BLOCK_N, BLOCK_K/2] (whole 16-row groups) and its scales
+    :data:`~mxmoe.core.layouts.TRITON_HOPPER` bytes [BLOCK_N, BLOCK_K/2] (whole 16-row groups) and its scales
     [BLOCK_N, BLOCK_K/32]. Stored word (g, jl, i, kb, q) = bytes 16kb + 4q + [0, 4) of tile row
     16g + 8jl + i; its byte e = 2rb + h carries, through pairs rb + 2t, the values of row 16g + 8rb + i at
     k = 32kb + 16t + 8jl + 2q + h. The reshapes below say exactly that, and Triton keeps them in registers:
@@ -194,7 +194,7 @@ def _weight_descriptor(w_ptr, N: tl.constexpr, K: tl.constexpr, NUM_EXPERTS, BLO
 def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                  TILED: tl.constexpr):
     """Stored bytes [BLOCK_N, BLOCK_K/2] of TRITON_HOPPER values for tile rows ``rows`` (whole 16-row groups).
-    TILED: the TRITON_HOPPER_TILED order (``mxmoe.layouts.hopper_tile_offsets``: 64-row groups stored in
+    TILED: the TRITON_HOPPER_TILED order (``mxmoe.core.swizzle.hopper_tile_offsets``: 64-row groups stored in
     128-byte chunks along K; ``k0`` is a multiple of BLOCK_K <= 256, so the tile lies in one chunk ``j``).
     When N and K/2 are multiples of the group and the chunk, the offset is a row term plus a column term.
     (``_value_tile(...).T`` is the same tensor, but Triton lays the transposed load out differently: other SASS.)"""
@@ -276,7 +276,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
     gate/up rows, so that a tile's w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
     the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply; W_TILES: its values in the
-    tiled order (``mxmoe.layouts.TRITON_HOPPER_TILED``).
+    tiled order (``mxmoe.core.layouts.TRITON_HOPPER_TILED``).
     """
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
