@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -12,11 +13,14 @@ import torch
 from mxmoe.compiler.context import new_context
 from mxmoe.compiler.importer import import_program
 from mxmoe.compiler.parameters import store_parameters, stored_forms
-from mxmoe.compiler.pipeline import run_for_target
+from mxmoe.compiler.passes import run_passes
 from mxmoe.compiler.targets import Target, get_target
-from mxmoe.core.bridge import dtype_name, to_torch
+from mxmoe.core.bridge import dtype_name
+from mxmoe.core.signature import TensorSpec
 from mxmoe.core.stored_form import StoredForm
-from mxmoe.core.signature import TensorSpec, check_inputs
+from mxmoe.runtime.artifact import save_module
+from mxmoe.runtime.code import IreeCode, TritonCode
+from mxmoe.runtime.module import BoundModule
 
 
 
@@ -50,7 +54,7 @@ def _upper_bound(ep: torch.export.ExportedProgram, dim) -> int | None:
 
 @dataclass
 class CompiledModule:
-    """A module compiled for one target, runnable in this process.
+    """A module compiled for one target, runnable in this process and savable as an artifact.
 
     Call it with torch tensors (returns torch tensors) or numpy arrays (returns numpy). Float inputs
     are cast to the entry's dtype; shapes and dtypes are checked against ``inputs``.
@@ -59,51 +63,66 @@ class CompiledModule:
     target: Target
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    vmfb: bytes | None
+    #: what the target compiled (``mxmoe.runtime.code``: IreeCode or TritonCode)
+    code: IreeCode | TritonCode
+    #: the stored arrays by parameter name (padded, in the target's layout); empty in a template without weights
     parameters: dict[str, np.ndarray]
     mlir: str
+    #: each parameter's stored name, dtype and shape (kept when the arrays are not)
+    parameter_specs: list[TensorSpec] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     #: per weight global: how the stored array was made from the logical one (padding, layout)
     stored_forms: dict[str, StoredForm] = field(default_factory=dict)
     #: what was compiled, when known: {"kind": "moe", "config": ..., "parameters": {field: global}} for an MoE layer
     model: dict | None = None
-    #: Triton targets: the kernel plan (plain data), {plan kernel name: cubin}, and whether calls run
-    #: the plan's kernels under Triton's interpreter on the CPU instead of on a GPU
-    kernel_plan: dict | None = None
-    binaries: dict[str, bytes] = field(default_factory=dict)
-    interpret: bool = False
-    _executor: Any = None
+    _bound: BoundModule | None = None
+
+    # the code's parts under the names callers know them by
+    @property
+    def vmfb(self) -> bytes | None:
+        return getattr(self.code, "vmfb", None)
+
+    @property
+    def kernel_plan(self) -> dict | None:
+        return getattr(self.code, "plan", None)
+
+    @property
+    def binaries(self) -> dict[str, bytes]:
+        return getattr(self.code, "binaries", {})
+
+    @property
+    def interpret(self) -> bool:
+        return getattr(self.code, "interpret", False)
+
+    def without_weights(self) -> "CompiledModule":
+        """A copy that holds no parameters (the torch.compile backend binds each layer's own)."""
+        return dataclasses.replace(self, parameters={}, _bound=None)
+
+    def with_parameters(self, parameters: dict[str, np.ndarray]) -> "CompiledModule":
+        return dataclasses.replace(self, parameters=parameters, _bound=None)
 
     def save(self, path, weights: str = "embedded", **options) -> dict:
         """Write this module as one mxmoe artifact file (docs/artifact-format.md); returns its manifest."""
-        from mxmoe.runtime.artifact import save_compiled
+        options.setdefault("model", self.model)
+        return save_module(path, target=self.target.record(self.code, self.mlir), code=self.code, inputs=self.inputs,
+                           outputs=self.outputs, parameter_specs=self.parameter_specs,
+                           parameters=self.parameters or None, stored_forms=self.stored_forms, weights=weights,
+                           timings=self.timings, **options)
 
-        return save_compiled(self, path, weights=weights, **options)
+    def bound(self) -> BoundModule:
+        """This module with its parameters bound to an executor on this machine (made once)."""
+        if self._bound is None:
+            record = self.target.record(self.code, self.mlir)
+            self.code.check_runnable(record)  # TargetUnavailableError (a RuntimeError) naming what is missing
+            self._bound = BoundModule(self.inputs, self.outputs, self.code.executor(self.parameters, record),
+                                      self.code.takes_tensors)
+        return self._bound
 
     def executor(self):
-        if self._executor is None and self.target.backend == "triton":
-            from mxmoe.runtime.triton_executor import TritonExecutor
-
-            self._executor = TritonExecutor(self.kernel_plan, self.parameters, self.binaries,
-                                            mode="interpret" if self.interpret else "auto")
-        if self._executor is None:
-            if not self.target.runnable_here:
-                raise RuntimeError(f"target {self.target.name} cannot run on this machine (compiled for {self.target.arch})")
-            from mxmoe.runtime.iree_executor import IreeExecutor
-
-            self._executor = IreeExecutor(self.vmfb, self.parameters)
-        return self._executor
+        return self.bound().executor
 
     def __call__(self, *args):
-        if self.target.backend == "triton":
-            if len(args) != 1:
-                raise ValueError(f"expected 1 input ({self.inputs[0].describe()}), got {len(args)}")
-            return self.executor()(args[0])
-        arrays, any_torch = check_inputs(self.inputs, args)
-        outs = self.executor()(*arrays)
-        if any_torch:
-            outs = [to_torch(o) for o in outs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return self.bound()(*args)
 
 
 def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cpu", *,
@@ -116,8 +135,7 @@ def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cp
     ``mxmoe.core.weights.moe_model_info``). ``mxmoe.compile`` (which also takes an ``nn.Module``) calls this.
     """
     tgt = get_target(target)
-    if interpret and tgt.backend != "triton":
-        raise ValueError(f"interpret=True applies to cuda targets only, not {tgt.name}")
+    tgt.check_options(extra_flags=list(extra_flags or []), interpret=interpret)
     if not isinstance(ep, torch.export.ExportedProgram):
         raise TypeError(f"compile: expected a torch.export.ExportedProgram, got {type(ep).__name__}")
     timings = {} if timings is None else timings
@@ -129,23 +147,13 @@ def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cp
     timings["import_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    run_for_target(imported.module, tgt)
+    run_passes(imported.module, tgt.passes())
     forms = stored_forms(imported.module.operation)
     parameters = store_parameters(forms, imported.parameters)
     mlir = str(imported.module)
     timings["passes_s"] = time.perf_counter() - t0
 
-    vmfb, kernel_plan, binaries = None, None, {}
-    if tgt.backend == "iree":
-        from mxmoe.compiler.iree_backend import compile_to_vmfb
-
-        t0 = time.perf_counter()
-        vmfb = compile_to_vmfb(mlir, tgt, list(extra_flags or []))
-        timings["iree_compile_s"] = time.perf_counter() - t0
-    else:
-        from mxmoe.compiler.triton_backend import compile_triton
-
-        kernel_plan, binaries = compile_triton(imported.module, parameters, tgt, interpret=interpret,
-                                               timings=timings)
-    return CompiledModule(tgt, ins, outs, vmfb, parameters, mlir, timings, stored_forms=forms, model=model,
-                          kernel_plan=kernel_plan, binaries=binaries, interpret=interpret)
+    code = tgt.compile(imported.module, parameters, extra_flags=list(extra_flags or []), interpret=interpret,
+                       timings=timings)
+    specs = [TensorSpec(name, dtype_name(a.dtype), tuple(a.shape)) for name, a in parameters.items()]
+    return CompiledModule(tgt, ins, outs, code, parameters, mlir, specs, timings, stored_forms=forms, model=model)

@@ -27,6 +27,15 @@ from iree.compiler import ir
 
 from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
 
+#: Attributes the passes record on weight globals and grouped matmuls (``compiler.parameters`` reads them back as
+#: each weight's stored form): its layout (mxmoe-assign-layout), its role in a matmul, and how it was padded
+#: (mxmoe-pad: the logical shape, the fill value, and whether the gate and up halves were padded apart).
+LAYOUT_ATTR = "mxmoe.layout"
+ROLE_ATTR = "mxmoe.weight_role"
+PADDED_FROM_ATTR = "mxmoe.padded_from"
+PAD_VALUE_ATTR = "mxmoe.pad_value"
+PAD_HALVES_ATTR = "mxmoe.pad_halves"
+
 DYN = ir.ShapedType.get_dynamic_size() if hasattr(ir.ShapedType, "get_dynamic_size") else -9223372036854775808
 
 

@@ -17,8 +17,7 @@ from mxmoe.compiler import dialect
 from mxmoe.compiler.passes import pad
 from mxmoe.core.stored_form import StoredForm
 
-LAYOUT = "mxmoe.layout"
-ROLE = "mxmoe.weight_role"
+LAYOUT, ROLE = dialect.LAYOUT_ATTR, dialect.ROLE_ATTR
 
 
 def stored_forms(module_op: ir.Operation) -> dict[str, StoredForm]:

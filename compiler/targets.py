@@ -1,49 +1,198 @@
-"""Target names mxmoe compiles for, and what each one means for the pipeline."""
+"""The targets mxmoe compiles for: one object per target, owning everything that differs between them.
+
+A :class:`Target` says which passes run (its pipeline), how H and I are padded, which weight layout its lowering
+reads, how the lowered module becomes code (``iree-compile`` or a Triton kernel plan and cubins), what the artifact
+records about it, and which device runs it. Nothing else in mxmoe tests a target's name or backend: adding an arch
+is a line in :data:`TARGETS`, a new kind of target a class here (and its code kind in ``mxmoe.runtime.code``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import warnings
 from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
 
 from mxmoe.core.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER_TILED, Layout
+from mxmoe.runtime.code import IreeCode, TritonCode
+
+Pipeline = list[tuple[str, "str | None"]]
 
 
 @dataclass(frozen=True)
 class Target:
-    name: str           # canonical spelling, e.g. "rocm:gfx942"
-    backend: str        # "iree" or "triton"
-    arch: str           # "host", "gfx942", "sm_90", ...
-    layout: Layout      # weight layout the lowering reads
-    pad_multiple: int   # H and I are padded up to this
+    """What one target means for the compiler (see the module docstring)."""
 
-    @property
-    def iree_flags(self) -> list[str]:
-        if self.backend != "iree":
-            raise ValueError(f"{self.name} is not an IREE target")
-        if self.arch == "host":
-            # cpu=host alone takes the features of the CPU *model* (a Zen 4 guest gets AVX-512 although
-            # its hypervisor does not expose it); features=host asks the CPU what it can actually run
-            return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-                    "--iree-llvmcpu-target-cpu=host", "--iree-llvmcpu-target-cpu-features=host"]
-        return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
+    name: str              # canonical spelling, e.g. "rocm:gfx942"
+    arch: str              # "host", "gfx942", "sm_90", ...
+    layout: Layout         # the weight layout its lowering reads
+    pad_multiple: int = 32  # H and I are padded up to this
+    device: str = ""       # the device it needs, in words (error messages, the manifest)
+    #: the kind of code it makes: "iree" or "triton" (``mxmoe.runtime.code``)
+    backend: ClassVar[str] = ""
+
+    def replace(self, **changes) -> "Target":
+        return dataclasses.replace(self, **changes)
+
+    # ---------------------------------------------------------------------------------- passes
+    def passes(self) -> Pipeline:
+        """The pass pipeline from imported torch IR to what :meth:`compile` takes."""
+        return [
+            ("mxmoe-convert-torch-ops", None),
+            ("mxmoe-verify", None),
+            ("mxmoe-fuse", None),
+            ("mxmoe-pad", str(self.pad_multiple)),
+            ("mxmoe-assign-layout", self.layout.name),
+            ("mxmoe-verify", None),
+        ]
+
+    # ---------------------------------------------------------------------------------- code
+    def check_options(self, *, extra_flags: Sequence[str], interpret: bool) -> None:
+        """Refuse compile options this target has no use for, before any work is done."""
+
+    def compile(self, module, parameters: Mapping[str, np.ndarray], *, extra_flags: Sequence[str] = (),
+                interpret: bool = False, timings: dict[str, float]):
+        """The code of ``module`` (after :meth:`passes`): an ``IreeCode`` or a ``TritonCode``."""
+        raise NotImplementedError
+
+    def record(self, code, mlir: str = "") -> dict[str, Any]:
+        """What an artifact's manifest says of the target (the runtime reads nothing else about it)."""
+        return {"name": self.name, "backend": self.backend, "arch": self.arch, "layout": self.layout.name,
+                "device": self.device}
 
     @property
     def runnable_here(self) -> bool:
-        return self.arch == "host"
+        """Whether modules of this target run on this machine without a device of its own (the host CPU)."""
+        return False
+
+    @property
+    def runs_torch_tensors(self) -> bool:
+        """Whether its modules run on the torch tensors of their device (what the torch.compile backend needs)."""
+        return self.runnable_here
 
 
-TARGETS = {
-    # cpu: the blocksplit layout is what the grouped CPU lowering reads (compiler/passes/lowering/cpu_grouped.py)
-    "cpu": Target("cpu", "iree", "host", CPU_BLOCKSPLIT, 32),
-    "rocm:gfx942": Target("rocm:gfx942", "iree", "gfx942", ROW_MAJOR, 32),
-    "rocm:gfx950": Target("rocm:gfx950", "iree", "gfx950", ROW_MAJOR, 32),
+@dataclass(frozen=True)
+class IreeTarget(Target):
+    """A target IREE compiles (``iree-compile`` with :meth:`iree_flags`); code: a ``.vmfb``."""
+
+    backend: ClassVar[str] = "iree"
+    driver: ClassVar[str] = ""
+
+    @property
+    def iree_flags(self) -> list[str]:
+        raise NotImplementedError
+
+    def passes(self) -> Pipeline:
+        return super().passes() + [("mxmoe-lower-to-linalg", None)]
+
+    def check_options(self, *, extra_flags, interpret) -> None:
+        if interpret:
+            raise ValueError(f"interpret=True applies to cuda targets only, not {self.name}")
+
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings):
+        import time
+
+        from mxmoe.compiler import iree_backend
+
+        t0 = time.perf_counter()
+        vmfb = iree_backend.compile_to_vmfb(str(module), self, list(extra_flags))
+        timings["iree_compile_s"] = time.perf_counter() - t0
+        return IreeCode(vmfb, driver=self.driver)
+
+
+@dataclass(frozen=True)
+class CpuTarget(IreeTarget):
+    """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here."""
+
+    driver: ClassVar[str] = "local"
+
+    @property
+    def iree_flags(self) -> list[str]:
+        # cpu=host alone takes the features of the CPU *model* (a Zen 4 guest gets AVX-512 although its
+        # hypervisor does not expose it); features=host asks the CPU what it can actually run
+        return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+                "--iree-llvmcpu-target-cpu=host", "--iree-llvmcpu-target-cpu-features=host"]
+
+    def passes(self) -> Pipeline:
+        from mxmoe.kernels.cpu import ENV_SWITCH, matvec_object
+
+        option = None
+        uk = matvec_object()
+        if uk.path:
+            option = f"ukernel={uk.path}"
+        elif not uk.reason.startswith(ENV_SWITCH):
+            _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
+                       "instead, which measured 3-4x slower (docs/cpu.md)")
+        return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
+
+    def record(self, code, mlir: str = "") -> dict[str, Any]:
+        from mxmoe.core.host import cpu_features
+        from mxmoe.kernels.cpu import MATVEC_SYMBOL
+
+        # the C microkernel is linked into the module, whose MLIR calls it by this symbol
+        return {**super().record(code, mlir), "cpu_features": cpu_features(), "cpu_microkernel": MATVEC_SYMBOL in mlir}
+
+    @property
+    def runnable_here(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class RocmTarget(IreeTarget):
+    """An AMD GPU through IREE's HIP backend."""
+
+    driver: ClassVar[str] = "hip"
+
+    @property
+    def iree_flags(self) -> list[str]:
+        return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
+
+
+@dataclass(frozen=True)
+class CudaTarget(Target):
+    """An NVIDIA GPU through Triton: a kernel plan and its cubins, compiled ahead of time for the arch."""
+
+    backend: ClassVar[str] = "triton"
+
+    @property
+    def runs_torch_tensors(self) -> bool:
+        return True
+
+    @property
+    def sm(self) -> int:
+        return int(self.arch.removeprefix("sm_"))
+
+    def check_options(self, *, extra_flags, interpret) -> None:
+        if extra_flags:
+            raise ValueError(f"extra_flags are iree-compile flags; target {self.name} compiles with Triton")
+
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings):
+        from mxmoe.compiler.triton_backend import compile_triton
+
+        plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings)
+        return TritonCode(plan, binaries, interpret=interpret)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=4)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    CpuTarget("cpu", "host", CPU_BLOCKSPLIT, device="this kind of CPU"),
+    RocmTarget("rocm:gfx942", "gfx942", ROW_MAJOR, device="an AMD MI300 GPU (gfx942)"),
+    RocmTarget("rocm:gfx950", "gfx950", ROW_MAJOR, device="an AMD MI355 GPU (gfx950)"),
     # sm_90: weights decoded in registers by the kernels (the Hopper layout); sm_100: the checkpoint order,
-    # fed to Blackwell's native MXFP4 MMA through tl.dot_scaled
-    "cuda:sm_90": Target("cuda:sm_90", "triton", "sm_90", TRITON_HOPPER_TILED, 32),
-    "cuda:sm_100": Target("cuda:sm_100", "triton", "sm_100", ROW_MAJOR, 32),
-}
+    # fed to tl.dot_scaled
+    CudaTarget("cuda:sm_90", "sm_90", TRITON_HOPPER_TILED, device="an NVIDIA Hopper GPU (sm_90)"),
+    CudaTarget("cuda:sm_100", "sm_100", ROW_MAJOR, device="an NVIDIA Blackwell GPU (sm_100)"),
+)}
 
 
-def get_target(name: str) -> Target:
+def get_target(name: "str | Target") -> Target:
     if isinstance(name, Target):
         return name
     try:

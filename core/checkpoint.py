@@ -1,11 +1,7 @@
-"""Read and write MoE layers in safetensors checkpoints, without torch.
+"""Read and write MoE layers in safetensors checkpoints, without torch (the format: ``mxmoe.core.safetensors``).
 
-safetensors' own numpy API cannot return bfloat16 (gpt-oss keeps routers and biases in bf16), so this
-module carries a small reader/writer of the format: 8-byte little-endian header length N, N bytes of
-JSON ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}``, then the raw
-little-endian data, offsets relative to the end of the header. Reads are memory-mapped, so opening a
-gpt-oss-120b shard costs nothing until a tensor is touched, and MXFP4 blocks reach ``MoEWeights``
-without a copy (read-only views).
+Reads are memory-mapped, so opening a gpt-oss-120b shard costs nothing until a tensor is touched, and MXFP4
+blocks reach ``MoEWeights`` without a copy (read-only views).
 
 Two layer layouts are supported:
 
@@ -19,16 +15,15 @@ Two layer layouts are supported:
 from __future__ import annotations
 
 import json
-import math
-import mmap
 import os
 import re
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
+from mxmoe.core.bridge import numpy_dtype
 from mxmoe.core.config import MXFP4_BLOCK, MoEConfig
+from mxmoe.core.safetensors import SafetensorsFile, read_safetensors, write_safetensors
 from mxmoe.core.weights import VLLM_NAMES, MoEWeights, check_tensor, expected_tensors
 
 __all__ = [
@@ -42,159 +37,6 @@ __all__ = [
     "read_vllm",
     "write_vllm",
 ]
-
-# ============================================================================ safetensors format
-
-_DTYPES: dict[str, np.dtype] = {
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F16": np.dtype("<f2"),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "I16": np.dtype("<i2"),
-    "I32": np.dtype("<i4"),
-    "I64": np.dtype("<i8"),
-    "BOOL": np.dtype(np.bool_),
-}
-_DTYPE_NAMES = {dt.newbyteorder("="): name for name, dt in _DTYPES.items()}
-
-# The format caps the header at 100 MB; anything larger is a corrupt length field.
-_MAX_HEADER = 100_000_000
-
-
-class SafetensorsFile:
-    """One safetensors file: the header parsed and checked at open, tensors memory-mapped on access."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                self._fail(f"truncated: {size} bytes, too short for the 8-byte header length")
-            n = int.from_bytes(head, "little")
-            if n > _MAX_HEADER:
-                self._fail(f"corrupt header length {n} (more than {_MAX_HEADER} bytes)")
-            if 8 + n > size:
-                self._fail(f"truncated: header claims {n} bytes but only {size - 8} follow the length")
-            raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._fail(f"corrupt header: not UTF-8 JSON ({exc})")
-        if not isinstance(header, dict):
-            self._fail(f"corrupt header: expected a JSON object, got {type(header).__name__}")
-
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
-        if not isinstance(self.metadata, dict):
-            self._fail("corrupt header: __metadata__ is not an object")
-        self._data_start = 8 + n
-        self._data_len = size - self._data_start
-        self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
-        for name, info in header.items():
-            self._entries[name] = self._check_entry(name, info)
-        self._mmap: mmap.mmap | None = None
-
-    def _fail(self, what: str):
-        raise ValueError(f"{self.path}: {what}")
-
-    def _check_entry(self, name: str, info) -> tuple[str, tuple[int, ...], int, int]:
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            ok = isinstance(dtype, str) and all(isinstance(v, int) and v >= 0 for v in (*shape, begin, end))
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            self._fail(f"corrupt header entry for tensor {name!r}: {info!r}")
-        if not begin <= end:
-            self._fail(f"corrupt header: tensor {name!r} has data_offsets [{begin}, {end}]")
-        if end > self._data_len:
-            self._fail(
-                f"truncated: tensor {name!r} ends at data byte {end} but the file holds {self._data_len} data bytes"
-            )
-        if dtype in _DTYPES and end - begin != math.prod(shape) * _DTYPES[dtype].itemsize:
-            self._fail(
-                f"corrupt header: tensor {name!r} {dtype}{list(shape)} needs "
-                f"{math.prod(shape) * _DTYPES[dtype].itemsize} bytes, data_offsets span {end - begin}"
-            )
-        return dtype, shape, begin, end
-
-    def keys(self) -> list[str]:
-        return list(self._entries)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, name: str) -> np.ndarray:
-        """The tensor as a read-only array viewing the memory-mapped file (bf16 as ml_dtypes.bfloat16)."""
-        if name not in self._entries:
-            self._fail(f"no tensor named {name!r}")
-        dtype, shape, begin, end = self._entries[name]
-        if dtype not in _DTYPES:
-            self._fail(f"tensor {name!r} has unsupported dtype {dtype} (supported: {', '.join(_DTYPES)})")
-        if begin == end:
-            return np.zeros(shape, dtype=_DTYPES[dtype])
-        if self._mmap is None:
-            with open(self.path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        a = np.frombuffer(self._mmap, dtype=_DTYPES[dtype], count=math.prod(shape), offset=self._data_start + begin)
-        return a.reshape(shape)
-
-
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file, memory-mapped (read-only)."""
-    f = SafetensorsFile(path)
-    return {name: f.get(name) for name in f.keys()}
-
-
-def write_safetensors(
-    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
-) -> None:
-    """Write ``tensors`` (numpy, bfloat16 via ml_dtypes) as a safetensors file readable by safetensors.torch.
-
-    Tensors are laid out by decreasing item size so each starts aligned to its dtype (the header is
-    padded to 8 bytes). The file is written next to ``path`` and renamed into place.
-    """
-    path = Path(path)
-    arrays: dict[str, np.ndarray] = {}
-    for name, a in tensors.items():
-        if not isinstance(name, str) or name == "__metadata__":
-            raise ValueError(f"tensor name: expected a str other than '__metadata__', got {name!r}")
-        a = np.asarray(a, order="C")  # (ascontiguousarray would turn 0-d into 1-d)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        if a.dtype.newbyteorder("=") not in _DTYPE_NAMES:
-            raise ValueError(f"{name}: unsupported dtype {a.dtype} for safetensors (supported: {', '.join(_DTYPES)})")
-        arrays[name] = a
-    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise ValueError(f"metadata: expected dict[str, str], got {metadata!r}")
-
-    order = sorted(arrays, key=lambda k: (-arrays[k].dtype.itemsize, k))
-    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
-    offset = 0
-    for name in order:
-        a = arrays[name]
-        header[name] = {
-            "dtype": _DTYPE_NAMES[a.dtype.newbyteorder("=")],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + a.nbytes],
-        }
-        offset += a.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for name in order:
-            f.write(arrays[name].reshape(-1).view(np.uint8).data)
-    os.replace(tmp, path)
-
 
 # ============================================================================ checkpoints (file or dir)
 
@@ -279,7 +121,7 @@ def _to_weights(config: MoEConfig, tensors: dict[str, np.ndarray], names: dict[s
 def _float_out(a: np.ndarray | None, float_dtype: str) -> np.ndarray | None:
     if float_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"float_dtype: expected 'float32' or 'bfloat16', got {float_dtype!r}")
-    return None if a is None else a.astype(ml_dtypes.bfloat16 if float_dtype == "bfloat16" else np.float32)
+    return None if a is None else a.astype(numpy_dtype("bfloat16") if float_dtype == "bfloat16" else np.float32)
 
 
 def _merge(name_to_array: dict[str, np.ndarray], extra_tensors: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:

@@ -58,15 +58,20 @@ def check_inputs(specs: Sequence[TensorSpec], values: Sequence[Any]) -> tuple[li
                 a = a.astype(want)
             else:
                 raise ValueError(f"input '{spec.name}': expected {spec.dtype}, got {a.dtype}")
-        if a.ndim != len(spec.shape):
-            raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), "
-                             f"got shape {tuple(a.shape)}")
-        for i, (got, exp) in enumerate(zip(a.shape, spec.shape)):
-            if exp is not None and got != exp:
-                raise ValueError(f"input '{spec.name}': dim {i} must be {exp} ({spec.describe()}), got shape {tuple(a.shape)}")
-            if exp is None:
-                hi = spec.max_dims[i] if spec.max_dims else None
-                if got < 1 or (hi is not None and got > hi):
-                    raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside 1..{hi or 'inf'}")
+        check_shape(spec, a.shape)
         out.append(np.ascontiguousarray(a))
     return out, any_torch
+
+
+def check_shape(spec: TensorSpec, shape: Sequence[int], min_dynamic: int = 1) -> None:
+    """Rank, static dims and dynamic-dim bounds of one input; ValueError naming the input otherwise."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != len(spec.shape):
+        raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {shape}")
+    for i, (got, exp) in enumerate(zip(shape, spec.shape)):
+        if exp is not None and got != exp:
+            raise ValueError(f"input '{spec.name}': dim {i} must be {exp} ({spec.describe()}), got shape {shape}")
+        if exp is None:
+            hi = spec.max_dims[i] if spec.max_dims else None
+            if got < min_dynamic or (hi is not None and got > hi):
+                raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside {min_dynamic}..{hi or 'inf'}")

@@ -69,7 +69,7 @@ _HOPPER_ROW8, _HOPPER_K16 = (0, 1, 0, 1), (0, 0, 1, 1)
 
 def _hopper_split(v: np.ndarray) -> tuple[tuple[int, ...], int, int]:
     if v.ndim < 2 or v.shape[-2] % 16 or v.shape[-1] % 16:
-        raise ValueError(f"{TRITON_HOPPER} needs values [..., N, K/2] with N a multiple of 16 and K of 32, "
+        raise ValueError(f"the Hopper word layout needs values [..., N, K/2] with N a multiple of 16 and K of 32, "
                          f"got {list(v.shape)}")
     return v.shape[:-2], v.shape[-2] // 16, v.shape[-1] // 16
 

@@ -464,11 +464,7 @@ def cmd_inspect(args) -> int:
         ins = ", ".join(TensorSpec.from_dict(d).describe() for d in e["inputs"])
         outs = ", ".join(TensorSpec.from_dict(d).describe() for d in e["outputs"])
         print(f"  entry       {e['name']}({ins}) -> {outs}   (? = dynamic)")
-    mod = m["module"]
-    if mod["kind"] == "triton":
-        print(f"  module      triton kernel plan, {len(mod.get('binaries') or {})} kernel binaries")
-    else:
-        print(f"  module      {mod['kind']} ({_human(art.section_info(mod['section'])['size'])}), function {mod.get('function')}")
+    print(f"  module      {art.code().describe()}")
     w = m["weights"]
     sets = w.get("sets", [])
     names = ", ".join(s["name"] for s in sets[:6]) + (" ..." if len(sets) > 6 else "")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import mmap
 import os
 import struct
@@ -34,7 +33,9 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 
 import numpy as np
 
-from mxmoe.core.host import cpu_features
+from mxmoe.core.bridge import numpy_dtype
+from mxmoe.core.safetensors import SafetensorsView, write_tensors
+from mxmoe.runtime.code import KIND_CUBIN, KIND_IRPA, KIND_SAFETENSORS, KIND_VMFB, code_from_record, section_name  # noqa: F401
 
 MAGIC = b"\x89MXMOE\r\n"
 FORMAT_VERSION = 1
@@ -43,12 +44,8 @@ HEADER = struct.Struct("<8sIIQQ32s")  # 64 bytes
 assert HEADER.size == 64
 _MAX_MANIFEST = 64 << 20
 
-#: Section kinds a reader understands (others are kept and listed, never guessed at).
-KIND_VMFB = "iree-vmfb"
-KIND_IRPA = "iree-parameter-archive"
-KIND_SAFETENSORS = "safetensors"
-KIND_CUBIN = "cubin"
-KIND_BINARY = "binary"
+#: Section kinds a reader understands (others are kept and listed, never guessed at): the code kinds of
+#: ``mxmoe.runtime.code`` and the two weight formats.
 
 
 class ArtifactError(ValueError):
@@ -278,6 +275,15 @@ class Artifact:
     def target(self) -> dict:
         return self.manifest["target"]
 
+    def code(self):
+        """The compiled code (``mxmoe.runtime.code``), its sections read and checked against their sha256."""
+        try:
+            return code_from_record(self.manifest["module"], self.target, self.section_bytes)
+        except (KeyError, ValueError, TypeError) as e:
+            if isinstance(e, ArtifactError):
+                raise
+            raise self._bad(f"module record: {e}") from None
+
     def entry(self, name: str | None = None) -> dict:
         entries = self.manifest["entries"]
         if name is None:
@@ -299,65 +305,19 @@ class Artifact:
         raise ArtifactError(f"{self.path}: no weight set {name!r} (has: {have})")
 
 
-# ================================================================= safetensors-like weight sections
-
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "uint8": "U8", "int8": "I8",
-              "int32": "I32", "int64": "I64"}
-
+# ================================================================= safetensors weight sections
 
 def safetensors_writer(arrays: Mapping[str, np.ndarray]) -> Callable[[BinaryIO], None]:
-    """A section writer for ``arrays`` in the safetensors format (8-byte header length, JSON header
-    padded to 8 bytes, then each tensor's bytes at an offset aligned to 64 bytes)."""
-    header, offset, order = {}, 0, []
-    for name, a in arrays.items():
-        if a.dtype.name not in _ST_DTYPES:
-            raise ValueError(f"weight '{name}': dtype {a.dtype} cannot be stored")
-        offset += -offset % 64
-        header[name] = {"dtype": _ST_DTYPES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        order.append((name, offset))
-        offset += a.nbytes
-    blob = json.dumps(header).encode()
-    blob += b" " * (-(8 + len(blob)) % 64)
-
-    def write(f) -> None:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        pos = 0
-        for name, off in order:
-            f.write(b"\0" * (off - pos))
-            a = np.ascontiguousarray(arrays[name])
-            f.write(a.reshape(-1).view(np.uint8) if a.size else b"")
-            pos = off + a.nbytes
-
-    return write
+    """A section writer for ``arrays`` in the safetensors format (``mxmoe.core.safetensors``)."""
+    return lambda f: write_tensors(f, arrays)
 
 
 def read_safetensors_view(view: memoryview, label: str = "weights") -> dict[str, np.ndarray]:
     """Arrays viewing a safetensors section (read-only, no copy)."""
-    from mxmoe.core.bridge import numpy_dtype
-
-    inv = {v: k for k, v in _ST_DTYPES.items()}
-    if len(view) < 8:
-        raise ArtifactError(f"{label}: truncated safetensors section")
-    n = struct.unpack("<Q", view[:8])[0]
-    if 8 + n > len(view):
-        raise ArtifactError(f"{label}: corrupt safetensors header length {n}")
     try:
-        header = json.loads(bytes(view[8: 8 + n]).decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{label}: corrupt safetensors header ({e})") from None
-    out = {}
-    base = 8 + n
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = numpy_dtype(inv[info["dtype"]])
-        b, e = info["data_offsets"]
-        if base + e > len(view) or e - b != math.prod(info["shape"]) * dt.itemsize:
-            raise ArtifactError(f"{label}: corrupt safetensors entry {name!r}")
-        out[name] = np.frombuffer(view, dtype=dt, count=math.prod(info["shape"]), offset=base + b).reshape(info["shape"])
-    return out
+        return SafetensorsView(view, label).arrays()
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
 
 
 # ================================================================= IREE parameter archive sections
@@ -394,59 +354,36 @@ def irpa_index(view: memoryview):
 
 # ================================================================= from a compiled module
 
-def _section_name(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
+def save_module(path: str | os.PathLike, *, target: dict, code, inputs, outputs, parameter_specs,
+                parameters: Mapping[str, np.ndarray] | None = None, stored_forms: Mapping | None = None,
+                weights: str = "embedded",
+                weight_sets: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] | None = None,
+                external_sources: Mapping[str, dict] | None = None, model: dict | None = None,
+                source: dict | None = None, timings: Mapping[str, float] | None = None,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Write a compiled module as an artifact; the one writer of compiled code (``mxmoe.compile``'s modules and
+    the torch.compile cache both come here). Returns the manifest.
 
-
-def _stored_dtype_of(compiled, name: str) -> np.dtype:
-    return np.asarray(compiled.parameters[name]).dtype
-
-
-def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded",
-                  weight_sets: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] | None = None,
-                  external_sources: Mapping[str, dict] | None = None, model: dict | None = None,
-                  source: dict | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Write a compiled module (``mxmoe.compiler.api.CompiledModule`` or anything with its fields) as an artifact.
-
-    ``weights="embedded"`` stores the weights in the target's layout: by default one set, ``default``,
-    from ``compiled.parameters``; ``weight_sets`` (name -> callable giving *logical* arrays by parameter
-    name, e.g. one per checkpoint layer) stores several, each put through the parameter's stored form.
-    ``weights="external"`` stores none: ``external_sources`` (set name -> where to find the raw weights,
-    e.g. ``{"kind": "hf-gpt-oss", "path": ..., "layer": 3}``) is recorded, and the runtime applies the
-    stored forms at load time. ``model`` describes the layer for reference checks (``{"kind": "moe",
-    "config": MoEConfig dict, "parameters": {field: parameter name}}``).
+    ``target`` is the target's manifest record, ``code`` an ``IreeCode`` or ``TritonCode``, ``inputs``/``outputs``
+    the entry's ``TensorSpec``s, ``parameter_specs`` each parameter's stored name, dtype and shape (``TensorSpec``s),
+    ``parameters`` the stored arrays by name (the default weight set) and ``stored_forms`` how each was made from
+    its logical array.
+    ``weights="embedded"`` stores the weights in the target's layout: by default one set, ``default``, from
+    ``parameters``; ``weight_sets`` (name -> callable giving *logical* arrays by parameter name, e.g. one per
+    checkpoint layer) stores several, each put through the parameter's stored form. ``weights="external"`` stores
+    none: ``external_sources`` (set name -> where to find the raw weights, e.g. ``{"kind": "hf-gpt-oss", "path":
+    ..., "layer": 3}``) is recorded, and the runtime applies the stored forms at load time. ``weights="none"``
+    stores none and names no source: the caller binds weights itself (the torch.compile cache). ``model``
+    describes the layer for reference checks (``mxmoe.core.weights.moe_model_info``).
     """
-    if weights not in ("embedded", "external"):
-        raise ValueError(f"weights must be 'embedded' or 'external', got {weights!r}")
-    tgt = compiled.target
-    forms = getattr(compiled, "stored_forms", None) or {}
-    params = []
-    for name, a in compiled.parameters.items():
-        a = np.asarray(a)
-        form = forms.get(name)
-        params.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape),
-                       "form": form.to_dict() if form is not None else None})
-    target = {"name": tgt.name, "backend": tgt.backend, "arch": tgt.arch, "layout": getattr(getattr(tgt, "layout", None), "name", None)}
-    if tgt.backend == "iree" and tgt.arch == "host":
-        target["cpu_features"] = cpu_features()
-        from mxmoe.kernels.cpu import MATVEC_SYMBOL
-
-        # the C microkernel is linked into the module, whose MLIR calls it by this symbol
-        target["cpu_microkernel"] = MATVEC_SYMBOL in (getattr(compiled, "mlir", "") or "")
-    sections: list[Section] = []
-    if tgt.backend == "iree":
-        module = {"kind": KIND_VMFB, "section": "module.vmfb", "function": "main"}
-        sections.append(Section("module.vmfb", KIND_VMFB, bytes(compiled.vmfb)))
-        wformat = KIND_IRPA
-    else:
-        binaries = dict(getattr(compiled, "binaries", None) or {})
-        module = {"kind": "triton", "kernel_plan": getattr(compiled, "kernel_plan", None),
-                  "binaries": {k: f"binary/{_section_name(k)}" for k in binaries}}
-        for k, blob in binaries.items():
-            sections.append(Section(f"binary/{_section_name(k)}", KIND_CUBIN if tgt.arch.startswith("sm_") else KIND_BINARY,
-                                    bytes(blob)))
-        wformat = KIND_SAFETENSORS
-
+    if weights not in ("embedded", "external", "none"):
+        raise ValueError(f"weights must be 'embedded', 'external' or 'none', got {weights!r}")
+    forms = dict(stored_forms or {})
+    params = [{"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape),
+               "form": forms[spec.name].to_dict() if spec.name in forms else None} for spec in parameter_specs]
+    dtypes = {p["name"]: numpy_dtype(p["dtype"]) for p in params}
+    sections = [Section(c.name, c.kind, c.data) for c in code.sections()]
+    wformat = code.weights_format
     sets = []
     scratch = Path(path).parent if str(Path(path).parent) else Path(".")
     tmp_files: list[str] = []
@@ -459,15 +396,17 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
         out = {}
         for p in params:
             a = np.asarray(raw[p["name"]])
-            want = np.dtype(compiled.parameters[p["name"]].dtype)
+            want = dtypes[p["name"]]
             if a.dtype != want:
                 a = a.astype(want)
             out[p["name"]] = forms[p["name"]].apply(p["name"], a) if p["name"] in forms else a
         return out
 
-    def _set_writer(set_name, getter, wformat):
+    def _set_writer(set_name, getter):
         def write(f) -> None:
-            arrays = compiled.parameters if getter is None else stored(getter)
+            if getter is None and parameters is None:
+                raise ValueError("weights='embedded' needs the parameters' arrays")
+            arrays = parameters if getter is None else stored(getter)
             if progress:
                 progress(f"packing weights '{set_name}'")
             if wformat != KIND_IRPA:
@@ -486,29 +425,28 @@ def save_compiled(compiled, path: str | os.PathLike, *, weights: str = "embedded
         if weights == "embedded":
             getters = dict(weight_sets) if weight_sets else {"default": None}
             for set_name, getter in getters.items():
-                sec = f"weights/{_section_name(set_name)}" + (".irpa" if wformat == KIND_IRPA else ".safetensors")
+                sec = f"weights/{section_name(set_name)}" + (".irpa" if wformat == KIND_IRPA else ".safetensors")
                 # Each set is built, transformed and written when its section's turn comes, then dropped:
                 # a whole checkpoint never sits in memory (or in scratch files) at once.
-                sections.append(Section(sec, KIND_IRPA if wformat == KIND_IRPA else KIND_SAFETENSORS,
-                                        _set_writer(set_name, getter, wformat)))
+                sections.append(Section(sec, wformat, _set_writer(set_name, getter)))
                 sets.append({"name": set_name, "section": sec,
                              "source": (external_sources or {}).get(set_name)})
-        else:
+        elif weights == "external":
             for set_name, src in (external_sources or {"default": None}).items():
                 sets.append({"name": set_name, "section": None, "source": src})
         manifest = {
             "format": "mxmoe-artifact",
             "mxmoe_version": _version(),
-            "target": target,
-            "module": module,
-            "entries": [{"name": "main", "inputs": [s.to_dict() for s in compiled.inputs],
-                         "outputs": [s.to_dict() for s in compiled.outputs]}],
+            "target": dict(target),
+            "module": code.record(),
+            "entries": [{"name": "main", "inputs": [s.to_dict() for s in inputs],
+                         "outputs": [s.to_dict() for s in outputs]}],
             "parameters": params,
             "weights": {"storage": weights, "format": wformat, "parameter_scope": "model",
                         "default": sets[0]["name"] if sets else None, "sets": sets},
-            "model": model if model is not None else getattr(compiled, "model", None),
+            "model": model,
             "source": source,
-            "compile_timings": {k: round(float(v), 4) for k, v in (getattr(compiled, "timings", None) or {}).items()},
+            "compile_timings": {k: round(float(v), 4) for k, v in (timings or {}).items()},
         }
         return write_artifact(path, manifest, sections, progress=progress)
     finally:

@@ -15,75 +15,35 @@ from typing import Mapping
 
 import numpy as np
 
-from mxmoe.runtime.artifact import KIND_IRPA, KIND_SAFETENSORS, Artifact, ArtifactError, irpa_index, \
-    read_safetensors_view
+from mxmoe.core.bridge import numpy_dtype
+from mxmoe.core.signature import TensorSpec
 from mxmoe.core.stored_form import StoredForm
-from mxmoe.core.bridge import numpy_dtype, to_torch
-from mxmoe.core.signature import TensorSpec, check_inputs
-
-
-class TargetUnavailableError(RuntimeError):
-    """The artifact was compiled for a device this machine does not have."""
+from mxmoe.runtime.artifact import Artifact, ArtifactError, irpa_index, read_safetensors_view
+from mxmoe.runtime.code import KIND_IRPA, KIND_SAFETENSORS, TargetUnavailableError
+from mxmoe.runtime.module import BoundModule
 
 
 class WeightsError(ValueError):
     """Weights for an artifact could not be found or do not fit it."""
 
 
-_TARGET_WORDS = {"host": "this kind of CPU", "gfx942": "an AMD MI300 GPU (gfx942)", "gfx950": "an AMD MI355 GPU (gfx950)",
-                 "sm_90": "an NVIDIA Hopper GPU (sm_90)", "sm_100": "an NVIDIA Blackwell GPU (sm_100)"}
-
-
 # ============================================================================================ module
 
-class LoadedModule:
-    """A compiled MoE module loaded from an artifact; call it like the layer it was compiled from.
+class LoadedModule(BoundModule):
+    """A compiled module loaded from an artifact; call it like the layer it was compiled from."""
 
-    Calls are safe from several threads at once (the executor serialises them).
-    """
-
-    def __init__(self, artifact: Artifact, executor, entry: dict, weight_set: str | None,
-                 native_tensors: bool = False):
+    def __init__(self, artifact: Artifact, executor, entry: dict, weight_set: str | None, takes_tensors: bool):
+        super().__init__([TensorSpec.from_dict(d) for d in entry["inputs"]],
+                         [TensorSpec.from_dict(d) for d in entry["outputs"]], executor, takes_tensors)
         self.artifact = artifact
         self.manifest = artifact.manifest
         self.path = artifact.path
         self.target = artifact.target["name"]
         self.weight_set = weight_set
-        self.inputs = [TensorSpec.from_dict(d) for d in entry["inputs"]]
-        self.outputs = [TensorSpec.from_dict(d) for d in entry["outputs"]]
-        self._executor = executor
-        self._native = native_tensors  # the executor takes torch tensors itself (Triton: CUDA tensors stay put)
-
-    def __call__(self, *args):
-        if self._native:
-            if len(args) != len(self.inputs):
-                want = ", ".join(s.describe() for s in self.inputs)
-                raise ValueError(f"expected {len(self.inputs)} input(s) ({want}), got {len(args)}")
-            _check_shapes(self.inputs, args)
-            return self._executor(*args)
-        arrays, any_torch = check_inputs(self.inputs, args)
-        outs = self._executor(*arrays)
-        if any_torch:
-            outs = [to_torch(o) for o in outs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
         sig = ", ".join(s.describe() for s in self.inputs)
         return f"<mxmoe module {self.path.name} target={self.target} ({sig})>"
-
-
-def _check_shapes(specs, values) -> None:
-    """Rank and static dims of tensors that are passed through as they are (no dtype conversion here)."""
-    for spec, v in zip(specs, values):
-        shape = tuple(v.shape)
-        if len(shape) != len(spec.shape):
-            raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {shape}")
-        for i, (got, exp) in enumerate(zip(shape, spec.shape)):
-            if exp is not None and got != exp:
-                raise ValueError(f"input '{spec.name}': dim {i} must be {exp} ({spec.describe()}), got shape {shape}")
-            hi = spec.max_dims[i] if exp is None and spec.max_dims else None
-            if hi is not None and got > hi:
-                raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside 1..{hi}")
 
 
 # ============================================================================================ load
@@ -104,102 +64,19 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     ``verify``: check the sha256 of the weight section too (module sections are always checked).
     """
     art = Artifact(path)
-    tgt = art.target
     entry = art.entry()
     weight_set = _resolve_set(art, weights, weight_set, layer)
-    _check_runnable(art, device)
-    if tgt["backend"] == "iree":
-        try:
-            import iree.runtime  # noqa: F401
-        except ImportError:
-            raise TargetUnavailableError(f"{art.path}: target {tgt['name']} runs on IREE, and the IREE runtime is "
-                                         "not installed (pip install iree-base-runtime)") from None
-
-        vmfb = art.section_bytes(art.manifest["module"]["section"])
-        params, set_name = _iree_parameters(art, weights, weight_set, layer, verify)
-        from mxmoe.runtime.iree_executor import IreeExecutor
-
-        driver = _iree_driver(tgt, device)
-        try:
-            executor = IreeExecutor(vmfb, params, driver=driver, function=art.manifest["module"].get("function", "main"))
-        except RuntimeError as e:
-            raise ArtifactError(f"{art.path}: IREE could not load the module: {str(e).splitlines()[0]}") from None
-        return LoadedModule(art, executor, entry, set_name)
-    if tgt["backend"] == "triton":
-        arrays, set_name = _parameter_arrays(art, weights, weight_set, layer, verify)
-        binaries = {k: art.section_bytes(v) for k, v in (art.manifest["module"].get("binaries") or {}).items()}
-        from mxmoe.runtime.triton_executor import TritonExecutor  # imports torch/triton; not on the IREE path
-
-        interpret = device == "interpret"
-        import warnings
-
-        with warnings.catch_warnings():
-            # weights are read-only views of the mapped file; the executor copies them to the GPU
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            executor = TritonExecutor(art.manifest["module"].get("kernel_plan"), arrays, binaries,
-                                      device=None if interpret else device,
-                                      mode="interpret" if interpret else "auto")
-        return LoadedModule(art, executor, entry, set_name, native_tensors=True)
-    raise ArtifactError(f"{art.path}: unknown backend {tgt['backend']!r} (target {tgt['name']})")
-
-
-def _iree_driver(tgt: dict, device: str | None) -> str:
-    if tgt["arch"] == "host":
-        if device in (None, "cpu", "local-task"):
-            return "local-task"
-        if device == "local-sync":
-            return "local-sync"
-        raise TargetUnavailableError(f"artifact targets {tgt['name']}; device {device!r} cannot run it "
-                                     "(use cpu, local-task or local-sync)")
-    return "hip"
-
-
-def _check_runnable(art: Artifact, device: str | None) -> None:
-    tgt = art.target
-    name, arch = tgt["name"], tgt["arch"]
-    need = _TARGET_WORDS.get(arch, arch)
-    if tgt["backend"] == "iree" and arch == "host":
-        want = tgt.get("cpu_features") or []
-        from mxmoe.core.host import cpu_features
-
-        have = cpu_features()
-        if have is not None:
-            missing = [f for f in want if f not in have]
-            if missing:
-                raise TargetUnavailableError(
-                    f"{art.path}: compiled for a CPU with {', '.join(missing)}, which this CPU lacks; "
-                    "recompile it on this machine")
-        return
-    if tgt["backend"] == "iree":
-        if not _hip_available():
-            raise TargetUnavailableError(f"{art.path}: target {name} needs {need}; this machine has none")
-        return
-    if tgt["backend"] == "triton":
-        if device == "interpret":
-            return  # Triton's interpreter runs the plan's kernels on the CPU (slow; for tests)
-        if not _cuda_available():
-            raise TargetUnavailableError(f"{art.path}: target {name} needs {need} with torch CUDA; "
-                                         "this machine has none")
-        return
-    raise TargetUnavailableError(f"{art.path}: unknown target backend {tgt['backend']!r}")
-
-
-def _hip_available() -> bool:
+    code = art.code()
     try:
-        import iree.runtime as rt
-
-        return bool(rt.get_driver("hip").query_available_devices())
-    except Exception:  # noqa: BLE001 - any failure means: no usable HIP device
-        return False
-
-
-def _cuda_available() -> bool:
+        code.check_runnable(art.target, device)
+    except TargetUnavailableError as e:
+        raise TargetUnavailableError(f"{art.path}: {e}") from None
+    params, set_name = _weights_for(art, code, weights, weight_set, layer, verify)
     try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
+        executor = code.executor(params, art.target, device)
+    except RuntimeError as e:
+        raise ArtifactError(f"{art.path}: could not load the module: {str(e).splitlines()[0]}") from None
+    return LoadedModule(art, executor, entry, set_name, code.takes_tensors)
 
 
 # ============================================================================================ weights
@@ -219,9 +96,10 @@ def _embedded_weight_section(art: Artifact, weight_set, verify: bool):
     return ws, art.section_info(ws["section"]), art.section(ws["section"])
 
 
-def _iree_parameters(art: Artifact, weights, weight_set, layer, verify):
-    """Parameters for the IREE executor: an index over the embedded archive (mmapped), or arrays."""
-    if weights is None and art.manifest["weights"].get("storage") == "embedded":
+def _weights_for(art: Artifact, code, weights, weight_set, layer, verify):
+    """What ``code``'s executor binds: for an IREE archive embedded in the artifact, an index over it (memory-mapped,
+    nothing copied); otherwise the stored arrays by parameter name."""
+    if code.weights_format == KIND_IRPA and weights is None and art.manifest["weights"].get("storage") == "embedded":
         ws, info, view = _embedded_weight_section(art, weight_set, verify)
         if info["kind"] != KIND_IRPA:
             raise ArtifactError(f"{art.path}: weight section {ws['section']!r} is {info['kind']}, expected {KIND_IRPA}")

@@ -47,7 +47,7 @@ def art_path(tmp_path, arrays):
     A.write_artifact(p, _manifest(), [
         A.Section("module.vmfb", A.KIND_VMFB, b"\x01\x02vmfb-bytes"),
         A.Section("weights/default.safetensors", A.KIND_SAFETENSORS, A.safetensors_writer(arrays)),
-        A.Section("binary/extra", A.KIND_BINARY, src),
+        A.Section("binary/extra", "binary", src),
     ])
     return p
 

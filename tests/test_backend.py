@@ -18,9 +18,11 @@ from torch import nn
 
 import mxmoe
 from mxmoe.compiler import api as compiler_api
+from mxmoe.compiler.targets import get_target
 from mxmoe.core.config import MoEConfig
 from mxmoe.torch_frontend import MoE, ops
 from mxmoe.torch_frontend import backend as B
+from mxmoe.runtime import artifact as A
 from mxmoe.torch_frontend.compile_cache import CompileCache, make_key
 
 CFG = MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=64)
@@ -186,7 +188,7 @@ def test_cuda_regions_go_through_the_triton_path(monkeypatch):
     """CUDA tensors -> the Triton target. Run here on the CPU with the Triton module's kernels under the
     interpreter (``interpret=True``), since this machine has no GPU; the GPU test below runs it for real."""
     pytest.importorskip("triton")
-    assert "triton" in B._LOADABLE
+    assert get_target("cuda:sm_90").runs_torch_tensors
     monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
     real_compile = compiler_api.compile_program
     monkeypatch.setattr(compiler_api, "compile_program",
@@ -242,50 +244,67 @@ def test_bad_options_are_rejected():
 
 
 # ------------------------------------------------------------------------------------------- cache
+def _cache_entry_writer(payload: bytes):
+    """A minimal compiled-module artifact with the cache's source record (what ``_Compiled.save`` writes)."""
+    def write(path, source):
+        manifest = {"target": {"name": "cpu", "backend": "iree", "arch": "host"},
+                    "module": {"kind": A.KIND_VMFB, "section": "module.vmfb"},
+                    "entries": [{"name": "main", "inputs": [], "outputs": []}], "parameters": [],
+                    "weights": {"storage": "none", "sets": []}, "source": source}
+        A.write_artifact(path, manifest, [A.Section("module.vmfb", A.KIND_VMFB, payload)])
+    return write
+
+
 def test_cache_roundtrip_and_corruption_is_detected(tmp_path):
     cache = CompileCache(tmp_path)
     key = make_key({"what": "test"})
     assert key != make_key({"what": "other"})
     assert cache.get(key) is None
-    path = cache.put(key, {"hello": 1}, b"payload bytes")
+    path = cache.put(key, _cache_entry_writer(b"payload bytes"))
     entry = cache.get(key)
-    assert entry.payload == b"payload bytes" and entry.manifest["hello"] == 1
+    assert entry.section_bytes("module.vmfb") == b"payload bytes" and entry.manifest["source"]["cache_key"] == key
     good = path.read_bytes()
-    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:-3], b"garbage" + good, good.replace(key.encode(), b"0" * 64)):
+    at = A.Artifact(path).section_info("module.vmfb")["offset"]
+    flipped = bytearray(good)
+    flipped[at] ^= 1
+    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:-3], b"garbage" + good, good.replace(key.encode(), b"0" * 64),
+                bytes(flipped)):
         path.write_bytes(bad)
         with pytest.warns(UserWarning, match="corrupt entry"):
             assert cache.get(key) is None
         assert not path.exists()  # deleted, never used
-    assert CompileCache(None).get(key) is None and CompileCache(None).put(key, {}, b"x") is None
+    assert CompileCache(None).get(key) is None and CompileCache(None).put(key, _cache_entry_writer(b"x")) is None
 
 
 def test_triton_region_goes_through_the_disk_cache(tmp_path):
-    """A region compiled for cuda:sm_90 (AOT cubins, no GPU needed) is cached as its kernel plan + cubins,
-    comes back identical, binds a layer's weights and runs (here under Triton's interpreter); a payload whose
-    cubins do not add up is refused, so the backend recompiles instead of using it."""
+    """A region compiled for cuda:sm_90 (AOT cubins, no GPU needed) is cached as an artifact without weights
+    (kernel plan + cubins), comes back identical, binds a layer's weights and runs (here under Triton's
+    interpreter); a flipped cubin byte makes the entry corrupt, so the backend recompiles instead of using it."""
     import dataclasses
 
     layer = MoE.random(CFG, seed=0)
     cm = mxmoe.compile(layer, target="cuda:sm_90", example_inputs=(_x(4),))
     names = dict(enumerate(sorted(cm.parameters)))
-    compiled = B._Compiled("k", dataclasses.replace(cm, parameters={}, _executor=None), names)
+    compiled = B._Compiled("k", cm.without_weights(), names)
     cache, key = CompileCache(tmp_path), make_key({"region": "triton"})
-    cache.put(key, compiled.manifest(), compiled.payload())
-    entry = cache.get(key)
-    back = B._Compiled.from_cache(key, entry.manifest, entry.payload)
+    path = cache.put(key, compiled.save)
+    back = B._Compiled.from_artifact(key, cache.get(key))
     assert back.template.kernel_plan == cm.kernel_plan and back.template.binaries == cm.binaries
     assert back.template.vmfb is None and back.param_names == names
-    back.template = dataclasses.replace(back.template, interpret=True)  # no GPU here: same plan, interpreted
+    assert back.template.stored_forms == cm.stored_forms and back.template.parameter_specs == cm.parameter_specs
+    # no GPU here: the same plan, interpreted
+    back.template = dataclasses.replace(back.template, code=dataclasses.replace(back.template.code, interpret=True))
     operand = {g: spec["operand"] for g, spec in cm.kernel_plan["parameters"].items()}
     run = back.bind({i: getattr(layer, operand[g]) for i, g in names.items()})
     x = _x(5)
     (y,) = run(x)
     torch.testing.assert_close(y, layer(x), **BF16)
-    with pytest.raises(ValueError, match="cubin sizes"):
-        B._Compiled.from_cache(key, entry.manifest, entry.payload[:-1])
-    manifest = dict(entry.manifest, backend="iree")
-    with pytest.raises(ValueError, match="is a 'iree' module"):
-        B._Compiled.from_cache(key, manifest, entry.payload)
+    data = bytearray(path.read_bytes())
+    cubin = next(s for s in A.Artifact(path).manifest["sections"] if s["kind"] == A.KIND_CUBIN)
+    data[cubin["offset"] + cubin["size"] // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="corrupt entry"):
+        assert cache.get(key) is None
 
 
 def test_cache_location_from_env(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import torch
 
 import mxmoe
 import mxmoe.runtime
-from mxmoe.compiler import pipeline
+from mxmoe.compiler import targets as pipeline
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.core.config import PRESETS
 from mxmoe.torch_frontend.moe import MoE

@@ -18,7 +18,7 @@ import torch
 
 import mxmoe
 from mxmoe.core.checkpoint import write_hf_gpt_oss, write_safetensors
-from mxmoe.compiler.targets import Target
+from mxmoe.compiler.targets import get_target
 from mxmoe.core.layouts import ROW_MAJOR
 from mxmoe.runtime import ArtifactError, TargetUnavailableError, WeightsError, load
 from mxmoe.runtime import artifact as A
@@ -297,7 +297,7 @@ def test_weight_sets_in_one_artifact(compiled, checkpoints, tmp_path):
 def padded(tmp_path_factory):
     """The tiny layer compiled for a target that pads to 64: I=96 becomes 128 in the stored weights."""
     layer = MoE.random("tiny", seed=4)
-    tgt = Target("cpu", "iree", "host", ROW_MAJOR, 64)
+    tgt = get_target("cpu").replace(layout=ROW_MAJOR, pad_multiple=64)
     return layer, mxmoe.compile(layer, target=tgt)
 
 
@@ -374,9 +374,15 @@ def test_cpu_without_the_compiled_features_is_refused(art, tmp_path):
 
 @pytest.mark.parametrize("target, words", [("rocm:gfx942", "AMD MI300 GPU"), ("cuda:sm_90", "NVIDIA Hopper GPU")])
 def test_gpu_target_cannot_run_here(art, tmp_path, target, words):
-    backend, arch = ("iree", "gfx942") if target.startswith("rocm") else ("triton", "sm_90")
+    from mxmoe.compiler.targets import get_target
+
+    tgt = get_target(target)
+    backend = tgt.backend
+    module = {"kind": "triton", "kernel_plan": None, "binaries": {}} if backend == "triton" else None
     p = tmp_path / "gpu.mxmoe"
-    _rewrite_manifest(art, p, lambda m: {**m, "target": {"name": target, "backend": backend, "arch": arch}})
+    _rewrite_manifest(art, p, lambda m: {**m, "target": {"name": target, "backend": backend, "arch": tgt.arch,
+                                                        "device": tgt.device},
+                                         "module": module or {**m["module"], "driver": "hip"}})
     if torch.cuda.is_available() and backend == "triton":
         pytest.skip("this machine has a CUDA GPU")
     with pytest.raises(TargetUnavailableError, match=f"target {target} needs an? {words}"):

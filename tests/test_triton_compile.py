@@ -200,8 +200,8 @@ def test_calling_a_cuda_module_without_a_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     cm = mxmoe.compile(MoE.random(_cfg(), seed=0), target="cuda:sm_90", interpret=True)
-    cm.interpret = False
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+    cm.code.interpret = False
+    with pytest.raises(RuntimeError, match="needs an NVIDIA Hopper GPU"):
         cm(_x(2, 64))
 
 

@@ -6,7 +6,7 @@ What the backend does with each FX graph dynamo hands it:
    ``mxfp4_grouped_matmul``, ``glu``, ``combine``, their ``getitem``s) and the router ``linear`` that
    feeds ``route`` into regions, one per MoE layer.
 2. **Compile each region with mxmoe** for the device its tensors live on (cpu -> the IREE ``cpu`` target;
-   cuda -> ``cuda:sm_XY`` through Triton, see ``_LOADABLE``). The region is
+   cuda -> ``cuda:sm_XY`` through Triton; ``Target.runs_torch_tensors``). The region is
    exported with a dynamic token dimension, so 1, 5, 17 or 300 tokens run the same compiled module.
    **Weights** (inputs that dynamo lifted from module parameters/buffers, or ``get_attr`` constants) become
    the compiled module's parameters. They are *bound at run time*, not baked into the compiled code: the
@@ -32,7 +32,6 @@ Inference only: the mxmoe ops have no autograd formulas.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import itertools
 import operator
@@ -137,11 +136,6 @@ def reset() -> None:
 
 
 # ---------------------------------------------------------------------------------- device targets
-#: mxmoe compiler backends whose compiled modules this backend runs: IREE (cpu) and Triton (cuda), both
-#: called as ``module(*activations)`` with weights bound through the same stored forms. Both go to the disk
-#: cache: IREE modules as their vmfb, Triton ones as their kernel plan and cubins (``_Compiled.payload``).
-_LOADABLE = {"iree", "triton"}
-
 
 def target_for(device: torch.device) -> str:
     """The mxmoe target name for tensors on ``device``."""
@@ -307,62 +301,39 @@ def _export_module(sub: fx.GraphModule, roles: list[str], weights: dict[int, tor
 # -------------------------------------------------------------------------------- compiled modules
 @dataclass
 class _Compiled:
-    """A compiled region without weights: a ``CompiledModule`` template (parameters empty) plus which region
+    """A compiled region without weights: a ``CompiledModule`` template (no parameter arrays) plus which region
     input feeds which parameter. :meth:`bind` fills in a layer's weights through the compiler's stored forms
     (padding/layout), so one compiled module serves every layer of the same shapes."""
 
     key: str
-    template: Any           # mxmoe.compiler.api.CompiledModule with parameters={}
+    template: Any           # mxmoe.compiler.api.CompiledModule without parameter arrays
     param_names: dict       # region input index -> parameter (global) name
 
-    def manifest(self) -> dict:
-        t = self.template
-        m = {"target": t.target.name, "backend": t.target.backend,
-             "inputs": [s.to_dict() for s in t.inputs], "outputs": [s.to_dict() for s in t.outputs],
-             "param_names": {str(k): v for k, v in self.param_names.items()},
-             "stored_forms": {k: f.to_dict() for k, f in t.stored_forms.items()}}
-        if t.target.backend == "triton":  # the payload is the cubins, one after the other, in this order
-            m["kernel_plan"] = t.kernel_plan
-            m["binaries"] = [[name, len(t.binaries[name])] for name in sorted(t.binaries)]
-        return m
+    def cacheable(self) -> bool:
+        """Interpreted Triton modules carry no cubins and are rebuilt in a moment: not worth a disk entry."""
+        return not self.template.interpret
 
-    def payload(self) -> Optional[bytes]:
-        """What the disk cache stores beside the manifest: the IREE module, or a Triton plan's cubins
-        (None for an interpreted Triton module, which has none)."""
-        t = self.template
-        if t.target.backend == "iree":
-            return t.vmfb
-        if t.target.backend == "triton" and t.binaries and not t.interpret:
-            return b"".join(t.binaries[name] for name in sorted(t.binaries))
-        return None
+    def save(self, path, source: dict) -> None:
+        """Write the template as an artifact without weights (the disk cache's entry)."""
+        self.template.save(path, weights="none",
+                           source={**source, "param_names": {str(k): v for k, v in self.param_names.items()}})
 
     @classmethod
-    def from_cache(cls, key: str, manifest: dict, payload: bytes) -> "_Compiled":
+    def from_artifact(cls, key: str, art) -> "_Compiled":
         from mxmoe.compiler.api import CompiledModule
         from mxmoe.compiler.targets import get_target
-        from mxmoe.core.stored_form import StoredForm
         from mxmoe.core.signature import TensorSpec
+        from mxmoe.core.stored_form import StoredForm
 
-        tgt = get_target(manifest["target"])
-        if tgt.backend != manifest["backend"] or tgt.backend not in ("iree", "triton"):
-            raise ValueError(f"cached module for {tgt.name} is a {manifest['backend']!r} module")
-        code: dict[str, Any] = {"vmfb": payload}
-        if tgt.backend == "triton":
-            sizes = [(str(name), int(size)) for name, size in manifest["binaries"]]
-            if sum(size for _, size in sizes) != len(payload):
-                raise ValueError(f"cached Triton module: cubin sizes add up to {sum(s for _, s in sizes)} bytes, "
-                                 f"the payload has {len(payload)}")
-            binaries, at = {}, 0
-            for name, size in sizes:
-                binaries[name], at = payload[at:at + size], at + size
-            if set(binaries) != set(manifest["kernel_plan"]["kernels"]):
-                raise ValueError("cached Triton module: its cubins do not match its kernel plan's kernels")
-            code = {"vmfb": None, "kernel_plan": manifest["kernel_plan"], "binaries": binaries}
+        m, entry = art.manifest, art.entry()
+        tgt = get_target(m["target"]["name"])
         template = CompiledModule(
-            target=tgt, inputs=[TensorSpec.from_dict(d) for d in manifest["inputs"]],
-            outputs=[TensorSpec.from_dict(d) for d in manifest["outputs"]], parameters={}, mlir="",
-            stored_forms={k: StoredForm.from_dict(d) for k, d in manifest["stored_forms"].items()}, **code)
-        return cls(key, template, {int(k): v for k, v in manifest["param_names"].items()})
+            target=tgt, inputs=[TensorSpec.from_dict(d) for d in entry["inputs"]],
+            outputs=[TensorSpec.from_dict(d) for d in entry["outputs"]], code=art.code(), parameters={}, mlir="",
+            parameter_specs=[TensorSpec(p["name"], p["dtype"], tuple(p["shape"])) for p in m["parameters"]],
+            stored_forms={p["name"]: StoredForm.from_dict(p["form"]) for p in m["parameters"] if p.get("form")})
+        names = {int(k): v for k, v in m["source"]["param_names"].items()}
+        return cls(key, template, names)
 
     def bind(self, weights: dict[int, torch.Tensor]) -> Callable:
         """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters."""
@@ -371,8 +342,8 @@ class _Compiled:
         raw = {self.param_names[i]: to_numpy(t) for i, t in weights.items()}
         forms = self.template.stored_forms
         stored = store_parameters(forms, raw) if forms else raw
-        module = dataclasses.replace(self.template, parameters=stored, _executor=None)
-        module.executor()  # load now: a failure here is a binding failure, not a mid-run one
+        module = self.template.with_parameters(stored)
+        module.bound()  # load now: a failure here is a binding failure, not a mid-run one
 
         def run(*acts) -> list:
             out = module(*acts)
@@ -386,7 +357,7 @@ def _compile_region(key: str, region_mod: fx.GraphModule, example_acts: list, ta
     from mxmoe.compiler.targets import get_target
 
     tgt = get_target(target)  # checked before the compiler (and IREE) is imported
-    if tgt.backend not in _LOADABLE or (tgt.backend == "iree" and not tgt.runnable_here):
+    if not tgt.runs_torch_tensors:
         raise NotImplementedError(f"the torch.compile backend does not run mxmoe's {tgt.backend} target "
                                   f"{tgt.name} on torch tensors yet")
     from mxmoe.compiler.api import compile_program
@@ -408,7 +379,7 @@ def _compile_region(key: str, region_mod: fx.GraphModule, example_acts: list, ta
     if [s.dtype for s in cm.outputs] != expected_outputs:
         raise RuntimeError(f"compiled outputs {[s.dtype for s in cm.outputs]} differ from the graph's "
                            f"{expected_outputs}")
-    return _Compiled(key, dataclasses.replace(cm, parameters={}, _executor=None), names)
+    return _Compiled(key, cm.without_weights(), names)
 
 
 def _get_compiled(key: str, build: Callable[[], _Compiled], cache: CompileCache) -> _Compiled:
@@ -424,7 +395,7 @@ def _get_compiled(key: str, build: Callable[[], _Compiled], cache: CompileCache)
         entry = cache.get(key)
         if entry is not None:
             try:
-                got = _Compiled.from_cache(key, entry.manifest, entry.payload)
+                got = _Compiled.from_artifact(key, entry)
             except (KeyError, ValueError, TypeError) as e:
                 warnings.warn(f"mxmoe cache: unreadable manifest for {key[:12]} ({e}); recompiling", stacklevel=2)
                 got = None
@@ -437,8 +408,8 @@ def _get_compiled(key: str, build: Callable[[], _Compiled], cache: CompileCache)
         got = build()
         stats.compile_s += time.perf_counter() - t0
         stats.compiled += 1
-        if got.payload() is not None:
-            cache.put(key, got.manifest(), got.payload())
+        if got.cacheable():
+            cache.put(key, got.save)
         _MEMORY[key] = got
         return got
 

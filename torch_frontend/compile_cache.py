@@ -1,17 +1,15 @@
 """On-disk cache of modules the torch.compile backend compiled, so a second process starts fast.
 
-An entry is one file, ``<root>/<key[:2]>/<key>.mxmoe``::
-
-    b"MXMOE-CACHE\\n" | 8-byte little-endian manifest length | manifest (JSON) | payload (compiled module)
-
-The manifest records the key, the format version, what the payload is (entry signature, parameter
-names) and the payload's SHA-256. The key is the SHA-256 of everything the compiled module depends on:
-the region's graph structure, its inputs' dtypes/shapes/roles (weights by shape and dtype only, never by
-value: weights are bound at load time), the target, mxmoe's version and a fingerprint of the compiler's
-source files, and the iree-compiler, triton and torch versions. A file that does not parse, whose key or format
-does not match, or whose payload hash is wrong is corrupt: it is deleted and reported as a miss, so the
-caller rebuilds it; it is never used. Writes go to a temporary file that is renamed into place, so a
-crash or a concurrent writer never leaves a half-written entry under the final name.
+An entry is an mxmoe artifact without weights (``docs/artifact-format.md``, ``weights.storage = "none"``), at
+``<root>/<key[:2]>/<key>.mxmoe``: written by the same writer as ``mxmoe compile``'s artifacts and read back by the
+same reader, with the key in its manifest's ``source.cache_key``. The key is the SHA-256 of everything the
+compiled module depends on: the region's graph structure, its inputs' dtypes/shapes/roles (weights by shape and
+dtype only, never by value: weights are bound at load time), the target, mxmoe's version and a fingerprint of
+every source file of the layers that make compiled code (core, kernels, compiler, this frontend), and the
+iree-compiler, triton and torch versions. A file that is not a whole artifact, whose key does not match, or one
+of whose sections fails its SHA-256 is corrupt: it is deleted and reported as a miss, so the caller rebuilds it;
+it is never used. The artifact writer writes a temporary file and renames it into place, so a crash or a
+concurrent writer never leaves a half-written entry under the final name.
 
 Location: ``$MXMOE_CACHE_DIR`` if set (``MXMOE_CACHE_DIR=off`` disables the cache), else
 ``$XDG_CACHE_HOME/mxmoe``, else ``~/.cache/mxmoe``.
@@ -22,20 +20,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import struct
-import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from mxmoe.core.host import cache_root
+from mxmoe.runtime.artifact import Artifact, ArtifactError
 
-MAGIC = b"MXMOE-CACHE\n"
-FORMAT = 1
-_LEN = struct.Struct("<Q")
-
+FORMAT = 2
 
 #: The layers whose sources decide what a compiled region is: the compiler, the kernels it plans and builds
 #: (Triton sources and the cpu microkernel's C), core (layouts, config) and this frontend (ops, capture, the
@@ -85,20 +77,11 @@ def make_key(material: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-@dataclass
-class Entry:
-    manifest: dict[str, Any]
-    payload: bytes
-
-
-class CorruptEntry(Exception):
-    pass
-
-
 class CompileCache:
-    """Get/put compiled payloads by key under ``root`` (None: a cache that stores nothing)."""
+    """Get/put compiled modules (artifacts without weights) by key under ``root`` (None: a cache that stores
+    nothing)."""
 
-    def __init__(self, root: Optional[os.PathLike | str] = None):
+    def __init__(self, root: Optional[Path | str] = None):
         self.root = Path(root).expanduser() if root is not None else None
         self.corrupt_seen = 0
 
@@ -115,21 +98,21 @@ class CompileCache:
             raise RuntimeError("mxmoe cache is disabled")
         return self.root / key[:2] / f"{key}.mxmoe"
 
-    def get(self, key: str) -> Optional[Entry]:
-        """The entry for ``key``, or None (absent, disabled, or corrupt: a corrupt file is deleted)."""
+    def get(self, key: str) -> Optional[Artifact]:
+        """The entry for ``key``, opened and checked (every section's SHA-256), or None: absent, disabled, or
+        corrupt (a corrupt file is deleted)."""
         if self.root is None:
             return None
         p = self.path(key)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            warnings.warn(f"mxmoe cache: cannot read {p} ({e}); recompiling", stacklevel=2)
+        if not p.exists():
             return None
         try:
-            return _decode(data, key)
-        except CorruptEntry as e:
+            art = Artifact(p)
+            if (art.manifest.get("source") or {}).get("cache_key") != key:
+                raise ArtifactError("key mismatch")
+            art.verify()
+            return art
+        except ArtifactError as e:
             self.corrupt_seen += 1
             warnings.warn(f"mxmoe cache: corrupt entry {p} ({e}); deleting it and recompiling", stacklevel=2)
             try:
@@ -137,29 +120,19 @@ class CompileCache:
             except OSError:
                 pass
             return None
+        except OSError as e:
+            warnings.warn(f"mxmoe cache: cannot read {p} ({e}); recompiling", stacklevel=2)
+            return None
 
-    def put(self, key: str, manifest: dict[str, Any], payload: bytes) -> Optional[Path]:
-        """Store atomically; returns the path, or None when disabled or the folder is not writable."""
+    def put(self, key: str, write: Callable[[Path, dict], Any]) -> Optional[Path]:
+        """Store an entry: ``write(path, source)`` writes the artifact (its manifest's ``source`` must be
+        ``source``, which carries the key). Returns the path, or None when disabled or not writable."""
         if self.root is None:
             return None
         p = self.path(key)
-        man = {**manifest, "key": key, "format": FORMAT, "payload_sha256": hashlib.sha256(payload).hexdigest(),
-               "payload_bytes": len(payload)}
-        blob = json.dumps(man, sort_keys=True).encode()
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".mxmoe")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(MAGIC + _LEN.pack(len(blob)) + blob + payload)
-                os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a cache entry is not a secret
-                os.replace(tmp, p)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            write(p, {"kind": "torch.compile region", "cache_key": key, "cache_format": FORMAT})
         except OSError as e:
             warnings.warn(f"mxmoe cache: cannot write {p} ({e}); continuing without caching", stacklevel=2)
             return None
@@ -174,22 +147,3 @@ class CompileCache:
             p.unlink(missing_ok=True)
             n += 1
         return n
-
-
-def _decode(data: bytes, key: str) -> Entry:
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LEN.size:
-        raise CorruptEntry("bad header")
-    (n,) = _LEN.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
-    if start + n > len(data):
-        raise CorruptEntry("truncated manifest")
-    try:
-        man = json.loads(data[start:start + n])
-    except ValueError:
-        raise CorruptEntry("manifest is not JSON") from None
-    if not isinstance(man, dict) or man.get("key") != key or man.get("format") != FORMAT:
-        raise CorruptEntry("key or format mismatch")
-    payload = data[start + n:]
-    if len(payload) != man.get("payload_bytes") or hashlib.sha256(payload).hexdigest() != man.get("payload_sha256"):
-        raise CorruptEntry("payload hash mismatch")
-    return Entry(man, payload)

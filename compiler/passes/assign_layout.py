@@ -16,8 +16,7 @@ from mxmoe.compiler.dialect import OpView
 from mxmoe.core.layouts import known_layouts
 
 NAME = "mxmoe-assign-layout"
-ATTR = "mxmoe.layout"
-ROLE = "mxmoe.weight_role"
+ATTR, ROLE = dialect.LAYOUT_ATTR, dialect.ROLE_ATTR
 #: operand index -> role of the weight it carries, for every grouped matmul form (bias only with has_bias)
 ROLES = {2: "values", 3: "scales", 4: "bias"}
 

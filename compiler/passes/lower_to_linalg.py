@@ -357,7 +357,7 @@ def _emit(fname: str, v: OpView, ukernel: str | None) -> list[str]:
         return _matmul_func(fname, v, ukernel)
     return [_EMITTERS[v.name](fname, v)]
 
-LAYOUT_ATTR = "mxmoe.layout"
+LAYOUT_ATTR = dialect.LAYOUT_ATTR
 ROW_MAJOR = "mxfp4-rowmajor"
 SUPPORTED_LAYOUTS = (ROW_MAJOR, cpu_grouped.LAYOUT)
 

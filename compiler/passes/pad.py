@@ -24,9 +24,7 @@ from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView, shape
 
 NAME = "mxmoe-pad"
-PADDED_FROM = "mxmoe.padded_from"
-PAD_VALUE = "mxmoe.pad_value"
-PAD_HALVES = "mxmoe.pad_halves"
+PADDED_FROM, PAD_VALUE, PAD_HALVES = dialect.PADDED_FROM_ATTR, dialect.PAD_VALUE_ATTR, dialect.PAD_HALVES_ATTR
 
 
 def _up(x: int, m: int) -> int:

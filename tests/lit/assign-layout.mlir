@@ -1,14 +1,13 @@
 // mxmoe-assign-layout{LAYOUT}: every grouped matmul form gets mxmoe.layout = LAYOUT, and so does each weight
 // global it reads, with mxmoe.weight_role (values / scales / bias). Other ops and globals are not touched.
 // RUN: mxmoe-opt %s --passes=mxmoe-assign-layout | filecheck %s --check-prefixes=CHECK,ROW
-// RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{triton-mxfp4-kmajor}' | filecheck %s --check-prefixes=CHECK,KMAJOR
 // RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{triton-mxfp4-hopper}' | filecheck %s --check-prefixes=CHECK,HOPPER
 // Running it twice with the same layout is a no-op the second time:
 // RUN: mxmoe-opt %s --passes=mxmoe-assign-layout > %t.once.mlir
 // RUN: mxmoe-opt %t.once.mlir --passes=mxmoe-assign-layout > %t.twice.mlir
 // RUN: diff %t.once.mlir %t.twice.mlir
 // NEGATIVE (more in assign-layout-invalid.mlir): IR laid out for one target is rejected by another target's layout, with a diagnostic:
-// RUN: not mxmoe-opt %t.once.mlir --passes='mxmoe-assign-layout{triton-mxfp4-kmajor}' 2>&1 | filecheck %s --check-prefix=RELAYOUT
+// RUN: not mxmoe-opt %t.once.mlir --passes='mxmoe-assign-layout{triton-mxfp4-hopper}' 2>&1 | filecheck %s --check-prefix=RELAYOUT
 
 // CHECK-LABEL: util.global private @router_weight
 // CHECK-NOT: mxmoe.layout
@@ -18,13 +17,11 @@
 // ROW: util.global private @w13_bias {mxmoe.layout = "mxfp4-rowmajor", mxmoe.weight_role = "bias"} = #flow.parameter.named<"model"::"w13_bias"> : tensor<4x64xbf16>
 // ROW: util.global private @w2 {mxmoe.layout = "mxfp4-rowmajor", mxmoe.weight_role = "values"}
 // ROW: util.global private @w2_scale {mxmoe.layout = "mxfp4-rowmajor", mxmoe.weight_role = "scales"}
-// KMAJOR: util.global private @w13 {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "values"}
-// KMAJOR: util.global private @w13_scale {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "scales"}
-// KMAJOR: util.global private @w13_bias {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "bias"}
-// KMAJOR: util.global private @w2 {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "values"}
-// KMAJOR: util.global private @w2_scale {mxmoe.layout = "triton-mxfp4-kmajor", mxmoe.weight_role = "scales"}
 // HOPPER: util.global private @w13 {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "values"}
 // HOPPER: util.global private @w13_scale {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "scales"}
+// HOPPER: util.global private @w13_bias {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "bias"}
+// HOPPER: util.global private @w2 {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "values"}
+// HOPPER: util.global private @w2_scale {mxmoe.layout = "triton-mxfp4-hopper", mxmoe.weight_role = "scales"}
 // An unused global is left alone.
 // CHECK: util.global private @unused = #flow.parameter
 util.global private @router_weight = #flow.parameter.named<"model"::"router_weight"> : tensor<4x64xbf16>
@@ -40,9 +37,9 @@ util.global private @unused = #flow.parameter.named<"model"::"unused"> : tensor<
 // CHECK-NOT: mxmoe.layout
 // CHECK-SAME: -> (tensor<?x2xf32>, tensor<?x2xi32>)
 // ROW: "mxmoe.grouped_matmul_glu"({{.*}}) {activation = "swiglu_oai", alpha = 1.702000e+00 : f32, has_bias = true, interleaved = true, limit = 7.000000e+00 : f32, mxmoe.layout = "mxfp4-rowmajor"}
-// KMAJOR: "mxmoe.grouped_matmul_glu"({{.*}}) {activation = "swiglu_oai", alpha = 1.702000e+00 : f32, has_bias = true, interleaved = true, limit = 7.000000e+00 : f32, mxmoe.layout = "triton-mxfp4-kmajor"}
+// HOPPER: "mxmoe.grouped_matmul_glu"({{.*}}) {activation = "swiglu_oai", alpha = 1.702000e+00 : f32, has_bias = true, interleaved = true, limit = 7.000000e+00 : f32, mxmoe.layout = "triton-mxfp4-hopper"}
 // ROW: "mxmoe.grouped_matmul_combine"({{.*}}) {has_bias = false, mxmoe.layout = "mxfp4-rowmajor"}
-// KMAJOR: "mxmoe.grouped_matmul_combine"({{.*}}) {has_bias = false, mxmoe.layout = "triton-mxfp4-kmajor"}
+// HOPPER: "mxmoe.grouped_matmul_combine"({{.*}}) {has_bias = false, mxmoe.layout = "triton-mxfp4-hopper"}
 func.func @fused(%x: tensor<?x64xbf16>) -> tensor<?x64xbf16> {
   %rw = util.global.load @router_weight : tensor<4x64xbf16>
   %logits = "foo.linear"(%x, %rw) : (tensor<?x64xbf16>, tensor<4x64xbf16>) -> tensor<?x4xbf16>
@@ -61,7 +58,7 @@ func.func @fused(%x: tensor<?x64xbf16>) -> tensor<?x64xbf16> {
 // A plain grouped_matmul whose weights are function arguments (no globals): only the op is marked.
 // CHECK-LABEL: func.func @weights_as_arguments
 // ROW: "mxmoe.grouped_matmul"(%arg0, %arg1, %arg2, %arg3) {has_bias = false, mxmoe.layout = "mxfp4-rowmajor"}
-// KMAJOR: "mxmoe.grouped_matmul"(%arg0, %arg1, %arg2, %arg3) {has_bias = false, mxmoe.layout = "triton-mxfp4-kmajor"}
+// HOPPER: "mxmoe.grouped_matmul"(%arg0, %arg1, %arg2, %arg3) {has_bias = false, mxmoe.layout = "triton-mxfp4-hopper"}
 // CHECK: "mxmoe.glu"
 // CHECK-NOT: mxmoe.layout
 // CHECK-SAME: -> tensor<?x2x32xbf16>
@@ -71,5 +68,5 @@ func.func @weights_as_arguments(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w
   return %a : tensor<?x2x32xbf16>
 }
 
-// RELAYOUT: assign-layout.mlir.tmp.once.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'mxmoe.grouped_matmul_glu' op already has weight layout 'mxfp4-rowmajor', but the target needs 'triton-mxfp4-kmajor'
+// RELAYOUT: assign-layout.mlir.tmp.once.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'mxmoe.grouped_matmul_glu' op already has weight layout 'mxfp4-rowmajor', but the target needs 'triton-mxfp4-hopper'
 
