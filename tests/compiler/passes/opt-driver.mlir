@@ -1,5 +1,5 @@
 // The mxmoe-opt driver: pass listing, pipelines mixing mxmoe and upstream passes, stdin, split input files,
-// and its errors (unknown pass, missing input). Parse errors are in parse-error.mlir.
+// and its errors (unknown pass, missing input). Parse errors are in opt-parse-error.mlir.
 
 // RUN: mxmoe-opt --list-passes | filecheck %s --check-prefix=LIST
 // LIST: mxmoe-convert-torch-ops: {{.*}}torch.operator

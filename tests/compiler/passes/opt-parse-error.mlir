@@ -12,8 +12,8 @@ func.func @good(%h: tensor<?x64xf32>) -> tensor<?x32xf32> {
 // -----
 
 func.func @broken(%h: tensor<?x64xf32>) -> tensor<?x32xf32> {
-  // CHECK: parse-error.mlir:[[# @LINE + 2]]:{{[0-9]+}}: error: use of undeclared SSA value name
-  // SPLIT: parse-error.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: use of undeclared SSA value name
+  // CHECK: opt-parse-error.mlir:[[# @LINE + 2]]:{{[0-9]+}}: error: use of undeclared SSA value name
+  // SPLIT: opt-parse-error.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: use of undeclared SSA value name
   %g = "mxmoe.glu"(%nope) {activation = "silu", alpha = 1.0 : f32, limit = 7.0 : f32, interleaved = false} : (tensor<?x64xf32>) -> tensor<?x32xf32>
   return %g : tensor<?x32xf32>
 }

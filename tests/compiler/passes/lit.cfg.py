@@ -19,7 +19,7 @@ config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.environ.get("MXMOE_LIT_OUT") or os.path.join(
     tempfile.gettempdir(), f"mxmoe-lit-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
-_repo = os.path.dirname(os.path.dirname(config.test_source_root))
+_repo = os.path.dirname(os.path.dirname(os.path.dirname(config.test_source_root)))
 _candidates = [os.environ.get("MXMOE_BIN_DIR"), os.path.dirname(sys.executable), os.path.join(_repo, ".venv", "bin")]
 
 

@@ -1,7 +1,7 @@
-"""Run the lit/FileCheck pass tests (tests/lit/*.mlir) as part of pytest.
+"""Run the lit/FileCheck pass tests (tests/compiler/passes/*.mlir) as part of pytest.
 
-Every .mlir file under tests/lit must be discovered by lit and pass. The tools (`mxmoe-opt`, `filecheck`) are
-found next to this Python (tests/lit/lit.cfg.py looks in $MXMOE_BIN_DIR, this interpreter's bin folder and the
+Every .mlir file under tests/compiler/passes (one or more per pass, named after it) must be discovered by lit and pass. The tools (`mxmoe-opt`, `filecheck`) are
+found next to this Python (tests/compiler/passes/lit.cfg.py looks in $MXMOE_BIN_DIR, this interpreter's bin folder and the
 repo's .venv/bin), so the suite works whether or not the virtual environment is on PATH.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-LIT_DIR = Path(__file__).parent / "lit"
+LIT_DIR = Path(__file__).parent / "passes"
 _RESULT = re.compile(r"^(PASS|FAIL|XFAIL|XPASS|UNSUPPORTED|UNRESOLVED|TIMEOUT|SKIPPED|EXCLUDED): mxmoe :: (\S+)", re.M)
 
 
@@ -56,5 +56,5 @@ def test_lit_finds_tools_without_venv_on_path(tmp_path):
     bare = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                            if p and os.path.abspath(p) != os.path.abspath(venv_bin)
                            and not os.path.exists(os.path.join(p, "mxmoe-opt")))
-    proc, results = _run_lit([LIT_DIR / "parse-error.mlir"], tmp_path, env_path=bare or os.defpath)
-    assert results == {"parse-error.mlir": "PASS"}, proc.stdout[-10000:] + proc.stderr[-5000:]
+    proc, results = _run_lit([LIT_DIR / "opt-parse-error.mlir"], tmp_path, env_path=bare or os.defpath)
+    assert results == {"opt-parse-error.mlir": "PASS"}, proc.stdout[-10000:] + proc.stderr[-5000:]
