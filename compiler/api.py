@@ -11,21 +11,21 @@ import numpy as np
 import torch
 
 from mxmoe.compiler.context import new_context
-from mxmoe.compiler.importer import import_program
+from mxmoe.compiler.importer import import_programs
 from mxmoe.compiler.parameters import store_parameters, stored_forms
 from mxmoe.compiler.passes import run_passes
 from mxmoe.compiler.targets import Target, get_target
 from mxmoe.core.bridge import dtype_name
-from mxmoe.core.signature import TensorSpec
+from mxmoe.core.signature import EntrySignature, TensorSpec
 from mxmoe.core.stored_form import StoredForm
 from mxmoe.runtime.artifact import save_module
 from mxmoe.runtime.code import IreeCode, TritonCode
-from mxmoe.runtime.module import BoundModule
+from mxmoe.runtime.module import EntryPoints
 
 
 
-def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Input/output specs of an exported program's user-facing entry (dynamic dims as None)."""
+def signature_of(ep: torch.export.ExportedProgram, name: str = "main") -> EntrySignature:
+    """The signature of an exported program's user-facing entry (dynamic dims as None)."""
     def spec(name: str, val) -> TensorSpec:
         try:
             dtype = dtype_name(val.dtype)
@@ -40,7 +40,7 @@ def signature_of(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec], li
     ins = [spec(n, nodes[n].meta["val"]) for n in user_inputs]
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     outs = [spec(f"out{i}", a.meta["val"]) for i, a in enumerate(out_node.args[0])]
-    return ins, outs
+    return EntrySignature(name, tuple(ins), tuple(outs))
 
 
 def _upper_bound(ep: torch.export.ExportedProgram, dim) -> int | None:
@@ -61,8 +61,8 @@ class CompiledModule:
     """
 
     target: Target
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+    #: its entry points (the default first): ``cm(...)`` runs the first, ``cm.entry(name)`` any
+    entries: list[EntrySignature]
     #: what the target compiled (``mxmoe.runtime.code``: IreeCode or TritonCode)
     code: IreeCode | TritonCode
     #: the stored arrays by parameter name (padded, in the target's layout); empty in a template without weights
@@ -75,7 +75,15 @@ class CompiledModule:
     stored_forms: dict[str, StoredForm] = field(default_factory=dict)
     #: what was compiled, when known: {"kind": "moe", "config": ..., "parameters": {field: global}} for an MoE layer
     model: dict | None = None
-    _bound: BoundModule | None = None
+    _bound: EntryPoints | None = None
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.entries[0].inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.entries[0].outputs)
 
     # the code's parts under the names callers know them by
     @property
@@ -104,31 +112,36 @@ class CompiledModule:
     def save(self, path, weights: str = "embedded", **options) -> dict:
         """Write this module as one mxmoe artifact file (docs/artifact-format.md); returns its manifest."""
         options.setdefault("model", self.model)
-        return save_module(path, target=self.target.record(self.code, self.mlir), code=self.code, inputs=self.inputs,
-                           outputs=self.outputs, parameter_specs=self.parameter_specs,
+        return save_module(path, target=self.target.record(self.code, self.mlir), code=self.code, entries=self.entries,
+                           parameter_specs=self.parameter_specs,
                            parameters=self.parameters or None, stored_forms=self.stored_forms, weights=weights,
                            timings=self.timings, **options)
 
-    def bound(self) -> BoundModule:
+    def bound(self) -> EntryPoints:
         """This module with its parameters bound to an executor on this machine (made once)."""
         if self._bound is None:
             record = self.target.record(self.code, self.mlir)
             self.code.check_runnable(record)  # TargetUnavailableError (a RuntimeError) naming what is missing
-            self._bound = BoundModule(self.inputs, self.outputs, self.code.executor(self.parameters, record),
-                                      self.code.takes_tensors)
+            self._bound = EntryPoints(self.entries, self.code, self.code.executor(self.parameters, record))
         return self._bound
 
     def executor(self):
         return self.bound().executor
 
+    def entry(self, name: str):
+        """Entry point ``name`` (e.g. "modular") as a callable module."""
+        return self.bound().entry(name)
+
     def __call__(self, *args):
         return self.bound()(*args)
 
 
-def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cpu", *,
+def compile_program(program, target: str | Target = "cpu", *,
                     extra_flags: Sequence[str] | None = None, interpret: bool = False, model: dict | None = None,
                     timings: dict[str, float] | None = None) -> CompiledModule:
-    """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``.
+    """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``; or several, as
+    ``{entry name: ExportedProgram}``, into one module whose entries share one set of weights (the first is the
+    default).
 
     ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
     under Triton's interpreter on CPU tensors. ``model`` describes the layer for reference checks (see
@@ -136,14 +149,18 @@ def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cp
     """
     tgt = get_target(target)
     tgt.check_options(extra_flags=list(extra_flags or []), interpret=interpret)
-    if not isinstance(ep, torch.export.ExportedProgram):
-        raise TypeError(f"compile: expected a torch.export.ExportedProgram, got {type(ep).__name__}")
+    programs = program if isinstance(program, dict) else {"main": program}
+    for name, ep in programs.items():
+        if not isinstance(ep, torch.export.ExportedProgram):
+            raise TypeError(f"compile: expected a torch.export.ExportedProgram, got {type(ep).__name__}"
+                            + (f" for entry {name!r}" if len(programs) > 1 else ""))
+    tgt.check_entries(list(programs))
     timings = {} if timings is None else timings
-    ins, outs = signature_of(ep)
+    entries = [signature_of(ep, name) for name, ep in programs.items()]
 
     t0 = time.perf_counter()
     ctx = new_context()
-    imported = import_program(ep, context=ctx)
+    imported = import_programs(programs, context=ctx)
     timings["import_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -154,6 +171,6 @@ def compile_program(ep: torch.export.ExportedProgram, target: str | Target = "cp
     timings["passes_s"] = time.perf_counter() - t0
 
     code = tgt.compile(imported.module, parameters, extra_flags=list(extra_flags or []), interpret=interpret,
-                       timings=timings)
+                       timings=timings, default_entry=entries[0].name)
     specs = [TensorSpec(name, dtype_name(a.dtype), tuple(a.shape)) for name, a in parameters.items()]
-    return CompiledModule(tgt, ins, outs, code, parameters, mlir, specs, timings, stored_forms=forms, model=model)
+    return CompiledModule(tgt, entries, code, parameters, mlir, specs, timings, stored_forms=forms, model=model)

@@ -16,6 +16,12 @@ Ops (``T`` is the dynamic token count, ``k`` the experts per token, weights are 
   mxmoe.grouped_matmul_glu(...)      fused by `mxmoe-fuse`: grouped_matmul followed by glu (glu attrs)
   mxmoe.grouped_matmul_combine(x, ids, w, w_scale[, bias], weights) -> T x H x f
       fused by `mxmoe-fuse`: grouped_matmul followed by combine
+  mxmoe.map_experts(ids: T x k x i32|i64[, map: G x i32]) -> T x k x i32   {num_global, has_map}
+      global expert ids -> this layer's; -1 for another rank's expert or an id outside [0, G)
+  mxmoe.weight_rows(x: T x H x f, weights: T x k x f32) -> T x k x H x f
+      the routing weight (rounded to f) times the token, rounded to f (router weight on input)
+
+A grouped matmul's row whose id is -1 is 0 (no bias): that slot adds nothing to the combine.
 """
 
 from __future__ import annotations
@@ -225,6 +231,35 @@ def _verify_grouped_matmul_combine(v: OpView) -> None:
     _same_tokens(v, ids, weights, r)
 
 
+def _verify_map_experts(v: OpView) -> None:
+    has_map = v.attr("has_map")
+    ts = _n_operands(v, 1 + int(has_map))
+    ids = ts[0]
+    g = v.attr("num_global")
+    if ids.rank != 2 or not (_is_int(ids.element_type, 32) or _is_int(ids.element_type, 64)):
+        v.fail(f"ids must be T x k x i32 or i64, got {ids}")
+    if g <= 0:
+        v.fail(f"num_global must be positive, got {g}")
+    if has_map and (shape(ts[1]) != [g] or not _is_int(ts[1].element_type, 32)):
+        v.fail(f"map must be {g} x i32, got {ts[1]}")
+    (r,) = _n_results(v, 1)
+    if shape(r)[1:] != shape(ids)[1:] or not _is_int(r.element_type, 32):
+        v.fail(f"result must be T x {shape(ids)[1]} x i32, got {r}")
+    _same_tokens(v, ids, r)
+
+
+def _verify_weight_rows(v: OpView) -> None:
+    x, weights = _n_operands(v, 2)
+    if x.rank != 2 or not _is_float(x.element_type):
+        v.fail(f"x must be T x H float, got {x}")
+    if weights.rank != 2 or not isinstance(weights.element_type, ir.F32Type):
+        v.fail(f"weights must be T x k x f32, got {weights}")
+    (r,) = _n_results(v, 1)
+    if shape(r)[1:] != [shape(weights)[1], shape(x)[1]] or r.element_type != x.element_type:
+        v.fail(f"result must be T x {shape(weights)[1]} x {shape(x)[1]} x {x.element_type}, got {r}")
+    _same_tokens(v, x, weights, r)
+
+
 def _verify_glu(v: OpView) -> None:
     (h,) = _n_operands(v, 1)
     _verify_glu_attrs(v)
@@ -284,6 +319,9 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
              "grouped_matmul with the glu fused into its epilogue"),
     OpSchema("mxmoe.grouped_matmul_combine", {"has_bias": bool}, _verify_grouped_matmul_combine,
              "grouped_matmul with routing weight and combine fused into its epilogue"),
+    OpSchema("mxmoe.map_experts", {"num_global": int, "has_map": bool}, _verify_map_experts,
+             "global expert ids to this layer's (-1: not here)"),
+    OpSchema("mxmoe.weight_rows", {}, _verify_weight_rows, "routing weight applied to the token before the experts"),
 )}
 
 

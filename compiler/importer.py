@@ -65,10 +65,19 @@ class _ParameterHooks(FxImporterHooks):
 def import_program(ep: torch.export.ExportedProgram, func_name: str = "main",
                    context: ir.Context | None = None) -> Imported:
     """Import ``ep`` into a fresh MLIR module whose weights are parameter-backed globals."""
-    if not isinstance(ep, torch.export.ExportedProgram):
-        raise TypeError(f"import_program expects a torch.export.ExportedProgram, got {type(ep).__name__}")
+    return import_programs({func_name: ep}, context)
+
+
+def import_programs(programs: dict[str, torch.export.ExportedProgram], context: ir.Context | None = None) -> Imported:
+    """Import several programs (the entries of one layer) as functions of one module: a weight every program
+    reads (same name) is one global, so one set of weights serves every entry."""
+    for name, ep in programs.items():
+        if not isinstance(ep, torch.export.ExportedProgram):
+            raise TypeError(f"import_program expects a torch.export.ExportedProgram, got {type(ep).__name__} "
+                            f"(entry {name!r})")
     ctx = context or new_context()
     params: dict[str, np.ndarray] = {}
     importer = FxImporter(context=ctx, hooks=_ParameterHooks(params))
-    importer.import_program(ep, func_name=func_name)
+    for name, ep in programs.items():
+        importer.import_program(ep, func_name=name)
     return Imported(module=importer.module, parameters=params)

@@ -53,8 +53,11 @@ class Target:
     def check_options(self, *, extra_flags: Sequence[str], interpret: bool) -> None:
         """Refuse compile options this target has no use for, before any work is done."""
 
+    def check_entries(self, names: Sequence[str]) -> None:
+        """Refuse entry points this target cannot compile, before any work is done."""
+
     def compile(self, module, parameters: Mapping[str, np.ndarray], *, extra_flags: Sequence[str] = (),
-                interpret: bool = False, timings: dict[str, float]):
+                interpret: bool = False, timings: dict[str, float], default_entry: str = "main"):
         """The code of ``module`` (after :meth:`passes`): an ``IreeCode`` or a ``TritonCode``."""
         raise NotImplementedError
 
@@ -92,7 +95,7 @@ class IreeTarget(Target):
         if interpret:
             raise ValueError(f"interpret=True applies to cuda targets only, not {self.name}")
 
-    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings):
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main"):
         import time
 
         from mxmoe.compiler import iree_backend
@@ -100,7 +103,7 @@ class IreeTarget(Target):
         t0 = time.perf_counter()
         vmfb = iree_backend.compile_to_vmfb(str(module), self, list(extra_flags))
         timings["iree_compile_s"] = time.perf_counter() - t0
-        return IreeCode(vmfb, driver=self.driver)
+        return IreeCode(vmfb, driver=self.driver, function=default_entry)
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,12 @@ class CudaTarget(Target):
         if extra_flags:
             raise ValueError(f"extra_flags are iree-compile flags; target {self.name} compiles with Triton")
 
-    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings):
+    def check_entries(self, names: Sequence[str]) -> None:
+        if len(names) != 1:
+            raise NotImplementedError(f"target {self.name} compiles one entry point per module (the Triton plan of "
+                                      f"the layer); got {', '.join(names)}: compile each entry on its own")
+
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main"):
         from mxmoe.compiler.triton_backend import compile_triton
 
         plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings)

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 ROUTINGS = ("topk_softmax", "softmax_topk")
 #: Activations. "swiglu_oai" is gpt-oss's clamped SwiGLU; "silu" is plain SiLU-GLU.
 ACTIVATIONS = ("swiglu_oai", "silu")
+#: How a shared expert's weights are held: MXFP4 like the routed experts, or bf16 (many checkpoints keep them so).
+SHARED_FORMATS = ("mxfp4", "bf16")
+#: Entry points a compiled layer can have: "layer" (hidden states in, the layer's own router), "monolithic"
+#: (hidden states and the router's logits in) and "modular" (hidden states and the engine's top-k weights and ids).
+ENTRIES = ("layer", "monolithic", "modular")
 
 MXFP4_BLOCK = 32
 
@@ -24,6 +29,20 @@ class MoEConfig:
 
     ``interleaved`` says how the fused gate/up projection (w13, ``2*intermediate`` rows) is laid out:
     True means rows alternate gate, up, gate, up (gpt-oss); False means all gate rows, then all up rows.
+
+    Beyond the routed experts (the fused-MoE interface of serving engines, docs/interface.md):
+
+    * ``router``: the layer holds its own router linear (``router_weight`` [E_global, H]); without it only the
+      ``monolithic`` and ``modular`` entries exist (the engine computes the router).
+    * ``global_num_experts``: expert parallelism: this layer holds ``num_experts`` of ``global_num_experts``
+      experts; ``expert_map`` (int32 [global]) gives each global id its local one or -1. Routing picks global
+      ids; a pair whose expert is not local (or whose id is outside [0, global)) contributes nothing here.
+    * ``apply_router_weight_on_input``: the routing weight scales the token before the experts instead of the
+      expert's output after (Llama-4); only with ``top_k == 1``.
+    * ``shared_intermediate`` > 0: a shared expert, a dense GLU MLP (gate rows then up rows, the routed
+      experts' activation) every token also goes through, its output added to the routed one; with
+      ``shared_gate`` it is first scaled by ``sigmoid(x @ shared_gate_weight^T)``. ``shared_format``: its
+      weights in MXFP4 or bf16.
     """
 
     num_experts: int
@@ -38,6 +57,12 @@ class MoEConfig:
     interleaved: bool = True
     bias: bool = True
     router_bias: bool = True
+    router: bool = True
+    global_num_experts: int | None = None
+    apply_router_weight_on_input: bool = False
+    shared_intermediate: int = 0
+    shared_gate: bool = False
+    shared_format: str = "mxfp4"
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -47,8 +72,11 @@ class MoEConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 bad(f"{name} must be a positive int, got {v!r}")
-        if self.top_k > self.num_experts:
-            bad(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        g = self.global_num_experts
+        if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < self.num_experts):
+            bad(f"global_num_experts must be an int >= num_experts ({self.num_experts}), got {g!r}")
+        if self.top_k > self.experts_routed:
+            bad(f"top_k ({self.top_k}) exceeds the number of experts routed over ({self.experts_routed})")
         for name in ("hidden", "intermediate"):
             if getattr(self, name) % MXFP4_BLOCK:
                 bad(f"{name}={getattr(self, name)} is not a multiple of the MXFP4 block ({MXFP4_BLOCK})")
@@ -58,6 +86,31 @@ class MoEConfig:
             bad(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.renormalize and self.routing != "softmax_topk":
             bad("renormalize only applies to routing='softmax_topk'")
+        if self.apply_router_weight_on_input and self.top_k != 1:
+            bad(f"apply_router_weight_on_input needs top_k 1 (the weight scales the token once), got top_k {self.top_k}")
+        s = self.shared_intermediate
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0 or s % MXFP4_BLOCK:
+            bad(f"shared_intermediate must be 0 or a positive multiple of {MXFP4_BLOCK}, got {s!r}")
+        if self.shared_format not in SHARED_FORMATS:
+            bad(f"shared_format must be one of {SHARED_FORMATS}, got {self.shared_format!r}")
+        if self.shared_gate and not s:
+            bad("shared_gate needs a shared expert (shared_intermediate > 0)")
+        if not self.router and self.router_bias:
+            bad("router_bias needs router=True")
+
+    @property
+    def experts_routed(self) -> int:
+        """How many experts the routing picks from: the global count under expert parallelism."""
+        return self.global_num_experts if self.global_num_experts is not None else self.num_experts
+
+    @property
+    def expert_parallel(self) -> bool:
+        return self.global_num_experts is not None
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The entry points this layer can be compiled with (see :data:`ENTRIES`)."""
+        return ENTRIES if self.router else ENTRIES[1:]
 
     def replace(self, **changes) -> "MoEConfig":
         return dataclasses.replace(self, **changes)

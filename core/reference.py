@@ -25,7 +25,7 @@ def weights_from_parameters(model: dict, logical: Mapping[str, np.ndarray]) -> M
         a = np.asarray(logical[param])
         # copies: the arrays may be read-only views of a memory-mapped artifact
         fields[field] = a.astype(np.float32) if (a.dtype.kind == "f" or a.dtype.name == "bfloat16") else a.copy()
-    for f in ("router_bias", "w13_bias", "w2_bias"):
+    for f in ("router_weight", "router_bias", "w13_bias", "w2_bias"):
         fields.setdefault(f, None)
     return MoEWeights(cfg, **fields)
 
@@ -34,17 +34,47 @@ def _round(a: np.ndarray, dt: np.dtype) -> np.ndarray:
     return a.astype(dt).astype(np.float32)
 
 
-def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype) -> np.ndarray:
-    """The reference MoE in numpy; ``x`` is [T, H] or [B, S, H]; returns float32 of the same shape."""
+def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype, *, entry: str = "layer",
+                    router_logits: np.ndarray | None = None, topk_weights: np.ndarray | None = None,
+                    topk_ids: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
+    """The reference MoE in numpy; returns float32 of ``x``'s shape ([T, H] or [B, S, H]).
+
+    ``entry``: "layer" (the layer's own router), "monolithic" (``router_logits`` [T, E_global]) or "modular"
+    (``topk_weights`` [T, k] and global ``topk_ids`` [T, k]). ``shared=False`` leaves the shared expert out (an
+    engine may run it elsewhere)."""
     cfg, dt = weights.config, np.dtype(activation_dtype)
     shape = x.shape
     xs = _round(np.asarray(x, dtype=np.float32).reshape(-1, cfg.hidden), dt)
-    rw = _round(weights.router_weight, dt)
-    logits = xs @ rw.T
-    if weights.router_bias is not None:
-        logits = logits + _round(weights.router_bias, dt)
-    logits = _round(logits, dt)
-    # route: stable descending sort, ties to the lower expert index
+    if entry == "modular":
+        w, ids = np.asarray(topk_weights, np.float32).reshape(-1, cfg.top_k), np.asarray(topk_ids).reshape(-1, cfg.top_k)
+    else:
+        if entry == "layer":
+            logits = xs @ _round(weights.router_weight, dt).T
+            if weights.router_bias is not None:
+                logits = logits + _round(weights.router_bias, dt)
+        elif entry == "monolithic":
+            logits = np.asarray(router_logits, np.float32).reshape(-1, cfg.experts_routed)
+        else:
+            raise ValueError(f"unknown entry {entry!r}")
+        w, ids = route(_round(logits, dt), cfg)
+    ids = local_ids(ids, cfg, weights.expert_map)
+    if cfg.apply_router_weight_on_input:
+        x_in = _round(xs[:, None, :] * _round(w, dt)[..., None], dt)       # [T, 1, H]
+        w = np.ones_like(w)
+    else:
+        x_in = xs
+    h = _grouped(x_in, ids, weights.w13, weights.w13_scale, weights.w13_bias, dt)      # [T, k, 2I]
+    a = _round(glu(h, cfg, cfg.interleaved), dt)
+    y = _grouped(a, ids, weights.w2, weights.w2_scale, weights.w2_bias, dt)            # [T, k, H]
+    out = _round((y * w[..., None].astype(np.float32)).sum(axis=1), dt)
+    if shared and cfg.shared_intermediate:
+        out = _round(out + shared_expert(weights, xs, dt), dt)
+    return out.reshape(shape)
+
+
+def route(logits: np.ndarray, cfg: MoEConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(weights f32 [T, k], ids [T, k]) from logits already rounded to the activation dtype: a stable descending
+    sort, so ties go to the lower expert index (the routing contract, docs/routing.md)."""
     if cfg.routing == "topk_softmax":
         ids = np.argsort(-logits, axis=-1, kind="stable")[:, : cfg.top_k]
         w = _softmax(np.take_along_axis(logits, ids, axis=-1))
@@ -54,25 +84,50 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
         w = np.take_along_axis(probs, ids, axis=-1)
         if cfg.renormalize:
             w = w / w.sum(-1, keepdims=True)
-    h = _grouped(xs, ids, weights.w13, weights.w13_scale, weights.w13_bias, dt)        # [T, k, 2I]
-    gate, up = (h[..., 0::2], h[..., 1::2]) if cfg.interleaved else np.split(h, 2, axis=-1)
+    return w.astype(np.float32), ids
+
+
+def local_ids(ids: np.ndarray, cfg: MoEConfig, expert_map: np.ndarray | None) -> np.ndarray:
+    """Global expert ids -> local ones; -1 for a pair that is not routed to an expert of this layer (its expert
+    is on another rank, or its id is outside [0, global experts))."""
+    ids = np.asarray(ids, dtype=np.int64)
+    valid = (ids >= 0) & (ids < cfg.experts_routed)
+    safe = np.where(valid, ids, 0)
+    local = expert_map[safe] if expert_map is not None else safe
+    return np.where(valid, local, -1).astype(np.int64)
+
+
+def glu(h: np.ndarray, cfg: MoEConfig, interleaved: bool) -> np.ndarray:
+    gate, up = (h[..., 0::2], h[..., 1::2]) if interleaved else np.split(h, 2, axis=-1)
     if cfg.activation == "swiglu_oai":
         gate = np.minimum(gate, cfg.swiglu_limit)
         up = np.clip(up, -cfg.swiglu_limit, cfg.swiglu_limit)
-        a = (up + 1.0) * (gate * _sigmoid(cfg.swiglu_alpha * gate))
-    else:
-        a = up * (gate * _sigmoid(gate))
-    a = _round(a.astype(np.float32), dt)
-    y = _grouped(a, ids, weights.w2, weights.w2_scale, weights.w2_bias, dt)            # [T, k, H]
-    out = _round((y * w[..., None].astype(np.float32)).sum(axis=1), dt)
-    return out.reshape(shape)
+        return ((up + 1.0) * (gate * _sigmoid(cfg.swiglu_alpha * gate))).astype(np.float32)
+    return (up * (gate * _sigmoid(gate))).astype(np.float32)
+
+
+def shared_expert(weights: MoEWeights, xs: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """The shared expert's output [T, H] (rounded to ``dt``): a GLU MLP (gate rows then up rows) whose output is
+    rounded like a routed expert's, then optionally scaled by ``sigmoid(x @ shared_gate_weight^T)`` (the gate's
+    logit rounded to ``dt`` as a linear layer in that dtype gives it, the product in fp32) and rounded again."""
+    w13, w2 = weights.shared_dequantized()
+    if weights.config.shared_format == "bf16":
+        w13, w2 = _round(w13, dt), _round(w2, dt)
+    a = _round(glu(_round(xs @ w13.T, dt), weights.config, interleaved=False), dt)
+    y = _round(a @ w2.T, dt)
+    if weights.shared_gate_weight is None:
+        return y
+    return _round(y * _sigmoid(_round(xs @ _round(weights.shared_gate_weight, dt).T, dt)), dt)
 
 
 def _grouped(x: np.ndarray, ids: np.ndarray, w: np.ndarray, s: np.ndarray, bias, dt) -> np.ndarray:
+    """Row (t, j): x[t] (or x[t, j]) @ dequant(w[ids[t, j]])^T + bias, rounded; 0 where ids[t, j] is -1."""
     t, k = ids.shape
     xs = x if x.ndim == 3 else np.broadcast_to(x[:, None, :], (t, k, x.shape[-1]))
     out = np.zeros((t, k, w.shape[1]), dtype=np.float32)
     for e in np.unique(ids):
+        if e < 0:
+            continue
         sel = ids == e
         we = mxfp4.dequantize(w[e], s[e])
         y = xs[sel] @ we.T

@@ -75,3 +75,26 @@ def check_shape(spec: TensorSpec, shape: Sequence[int], min_dynamic: int = 1) ->
             hi = spec.max_dims[i] if spec.max_dims else None
             if got < min_dynamic or (hi is not None and got > hi):
                 raise ValueError(f"input '{spec.name}': dynamic dim {i} = {got} is outside {min_dynamic}..{hi or 'inf'}")
+
+
+@dataclass(frozen=True)
+class EntrySignature:
+    """One entry point of a compiled module: its name (the function it runs) and its tensors."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "inputs": [s.to_dict() for s in self.inputs],
+                "outputs": [s.to_dict() for s in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EntrySignature":
+        return cls(d["name"], tuple(TensorSpec.from_dict(s) for s in d["inputs"]),
+                   tuple(TensorSpec.from_dict(s) for s in d["outputs"]))
+
+    def describe(self) -> str:
+        ins = ", ".join(s.describe() for s in self.inputs)
+        outs = ", ".join(s.describe() for s in self.outputs)
+        return f"{self.name}({ins}) -> {outs}"

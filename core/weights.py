@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from mxmoe.core import mxfp4
+from mxmoe.core.bridge import numpy_dtype
 from mxmoe.core.config import MXFP4_BLOCK, MoEConfig
 
 __all__ = ["MoEWeights", "VLLM_NAMES", "expected_tensors", "check_tensor", "moe_model_info"]
 
-#: MoEWeights field -> its name in vLLM's fused-MoE state dict (router names are ours).
+#: MoEWeights field -> its name in vLLM's fused-MoE state dict (router, expert map and shared-expert names are
+#: ours; shared-expert parameters carry "shared" in their names).
 VLLM_NAMES = {
     "router_weight": "router_weight",
     "router_bias": "router_bias",
@@ -27,25 +29,57 @@ VLLM_NAMES = {
     "w2": "w2_weight",
     "w2_scale": "w2_weight_scale",
     "w2_bias": "w2_bias",
+    "expert_map": "expert_map",
+    "shared_w13": "shared_w13_weight",
+    "shared_w13_scale": "shared_w13_weight_scale",
+    "shared_w2": "shared_w2_weight",
+    "shared_w2_scale": "shared_w2_weight_scale",
+    "shared_gate_weight": "shared_gate_weight",
 }
 
-_F32, _U8 = np.dtype(np.float32), np.dtype(np.uint8)
+#: the config field that turns each optional tensor on
+_FLAGS = {"router_weight": "router", "router_bias": "router_bias", "w13_bias": "bias", "w2_bias": "bias",
+          "expert_map": "global_num_experts", "shared_w13": "shared_intermediate",
+          "shared_w13_scale": "shared_intermediate with shared_format 'mxfp4'", "shared_w2": "shared_intermediate",
+          "shared_w2_scale": "shared_intermediate with shared_format 'mxfp4'", "shared_gate_weight": "shared_gate"}
+
+_F32, _U8, _I32 = np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int32)
 
 
 def expected_tensors(config: MoEConfig) -> dict[str, tuple[tuple[int, ...], np.dtype] | None]:
-    """Field name -> (shape, dtype) that ``config`` implies, or None for a bias the config turns off."""
-    e, h, i = config.num_experts, config.hidden, config.intermediate
-    b = MXFP4_BLOCK
+    """Field name -> (shape, dtype) that ``config`` implies, or None for a tensor the config turns off."""
+    e, h, i, g = config.num_experts, config.hidden, config.intermediate, config.experts_routed
+    s, b = config.shared_intermediate, MXFP4_BLOCK
+    mx_shared = bool(s) and config.shared_format == "mxfp4"
     return {
-        "router_weight": ((e, h), _F32),
-        "router_bias": ((e,), _F32) if config.router_bias else None,
+        "router_weight": ((g, h), _F32) if config.router else None,
+        "router_bias": ((g,), _F32) if config.router and config.router_bias else None,
         "w13": ((e, 2 * i, h // 2), _U8),
         "w13_scale": ((e, 2 * i, h // b), _U8),
         "w13_bias": ((e, 2 * i), _F32) if config.bias else None,
         "w2": ((e, h, i // 2), _U8),
         "w2_scale": ((e, h, i // b), _U8),
         "w2_bias": ((e, h), _F32) if config.bias else None,
+        "expert_map": ((g,), _I32) if config.expert_parallel else None,
+        # the shared expert as one expert ([1, ...]): MXFP4 like the routed ones, or float (bf16 in the layer)
+        "shared_w13": (((1, 2 * s, h // 2), _U8) if mx_shared else ((1, 2 * s, h), _F32)) if s else None,
+        "shared_w13_scale": ((1, 2 * s, h // b), _U8) if mx_shared else None,
+        "shared_w2": (((1, h, s // 2), _U8) if mx_shared else ((1, h, s), _F32)) if s else None,
+        "shared_w2_scale": ((1, h, s // b), _U8) if mx_shared else None,
+        "shared_gate_weight": ((1, h), _F32) if config.shared_gate else None,
     }
+
+
+def check_expert_map(expert_map: np.ndarray, num_experts: int) -> None:
+    """``expert_map`` maps every global id to a local id in [0, num_experts) or -1, each local id exactly once."""
+    bad = (expert_map < -1) | (expert_map >= num_experts)
+    if bad.any():
+        g = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"expert_map: global expert {g} maps to {int(expert_map[g])}, outside -1..{num_experts - 1}")
+    local = np.sort(expert_map[expert_map >= 0])
+    if not np.array_equal(local, np.arange(num_experts)):
+        raise ValueError(f"expert_map: the local ids must be 0..{num_experts - 1}, each exactly once; got "
+                         f"{local.tolist()[:16]}{' ...' if len(local) > 16 else ''}")
 
 
 def _describe(array) -> str:
@@ -81,6 +115,12 @@ class MoEWeights:
     w2: np.ndarray  # [E, H, I/2] uint8
     w2_scale: np.ndarray  # [E, H, I/32] uint8
     w2_bias: np.ndarray | None  # [E, H] float32
+    expert_map: np.ndarray | None = None  # [E_global] int32: local id or -1
+    shared_w13: np.ndarray | None = None  # [1, 2S, H/2] uint8 (MXFP4) or [1, 2S, H] float32 (bf16 format)
+    shared_w13_scale: np.ndarray | None = None  # [1, 2S, H/32] uint8
+    shared_w2: np.ndarray | None = None  # [1, H, S/2] uint8 or [1, H, S] float32
+    shared_w2_scale: np.ndarray | None = None  # [1, H, S/32] uint8
+    shared_gate_weight: np.ndarray | None = None  # [1, H] float32
 
     def __post_init__(self) -> None:
         self.validate()
@@ -93,10 +133,12 @@ class MoEWeights:
             array = getattr(self, name)
             if spec is None:
                 if array is not None:
-                    flag = "router_bias" if name == "router_bias" else "bias"
-                    raise ValueError(f"{name}: expected None because config.{flag} is False, got {_describe(array)}")
+                    raise ValueError(f"{name}: expected None, the config has no such tensor ({_FLAGS[name]}); "
+                                     f"got {_describe(array)}")
             else:
                 check_tensor(name, array, *spec)
+        if self.expert_map is not None:
+            check_expert_map(self.expert_map, self.config.num_experts)
 
     # ----------------------------------------------------------------------------------------- builders
 
@@ -105,17 +147,33 @@ class MoEWeights:
         """Random layer with sensible magnitudes; gpt-oss sizes build in seconds (no float quantization).
 
         w13 values have std ~1/sqrt(H) and w2 ~1/sqrt(I) so activations stay O(1); the router has std
-        1/sqrt(H); biases are N(0, 0.1^2) so bias handling is exercised (never all zeros).
+        1/sqrt(H); biases are N(0, 0.1^2) so bias handling is exercised (never all zeros). Under expert
+        parallelism the local experts are a random subset of the global ones, in random order.
         """
         rng = np.random.default_rng(seed)
-        e, h, i = config.num_experts, config.hidden, config.intermediate
-        router_weight = (rng.standard_normal((e, h), dtype=np.float32) / np.float32(math.sqrt(h)))
-        router_bias = _bias(rng, (e,)) if config.router_bias else None
+        e, h, i, g, s = (config.num_experts, config.hidden, config.intermediate, config.experts_routed,
+                         config.shared_intermediate)
+        router_weight = (rng.standard_normal((g, h), dtype=np.float32) / np.float32(math.sqrt(h)))
+        router_bias = _bias(rng, (g,)) if config.router_bias else None
         w13, w13_scale = mxfp4.random_mxfp4(rng, (e, 2 * i, h), std=1 / math.sqrt(h))
         w2, w2_scale = mxfp4.random_mxfp4(rng, (e, h, i), std=1 / math.sqrt(i))
         w13_bias = _bias(rng, (e, 2 * i)) if config.bias else None
         w2_bias = _bias(rng, (e, h)) if config.bias else None
-        return cls(config, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias)
+        extra: dict[str, np.ndarray] = {}
+        if config.expert_parallel:
+            extra["expert_map"] = np.full(g, -1, np.int32)
+            extra["expert_map"][rng.choice(g, size=e, replace=False)] = np.arange(e, dtype=np.int32)
+        if s and config.shared_format == "mxfp4":
+            extra["shared_w13"], extra["shared_w13_scale"] = mxfp4.random_mxfp4(rng, (1, 2 * s, h), std=1 / math.sqrt(h))
+            extra["shared_w2"], extra["shared_w2_scale"] = mxfp4.random_mxfp4(rng, (1, h, s), std=1 / math.sqrt(s))
+        elif s:  # bf16-representable values, so the layer's bf16 copy is exact
+            extra["shared_w13"] = _bf16(rng.standard_normal((1, 2 * s, h), dtype=np.float32) / np.float32(math.sqrt(h)))
+            extra["shared_w2"] = _bf16(rng.standard_normal((1, h, s), dtype=np.float32) / np.float32(math.sqrt(s)))
+        if config.shared_gate:
+            extra["shared_gate_weight"] = _bf16(rng.standard_normal((1, h), dtype=np.float32) / np.float32(math.sqrt(h)))
+        if not config.router:
+            router_weight = router_bias = None
+        return cls(config, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, **extra)
 
     @classmethod
     def from_float(
@@ -153,6 +211,15 @@ class MoEWeights:
     def dequantized(self) -> tuple[np.ndarray, np.ndarray]:
         """(w13 float32 ``[E, 2I, H]``, w2 float32 ``[E, H, I]``), exact, for reference implementations."""
         return mxfp4.dequantize(self.w13, self.w13_scale), mxfp4.dequantize(self.w2, self.w2_scale)
+
+    def shared_dequantized(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(shared w13 float32 ``[2S, H]``, shared w2 ``[H, S]``), exact; None without a shared expert."""
+        if not self.config.shared_intermediate:
+            return None
+        if self.config.shared_format == "bf16":
+            return self.shared_w13[0], self.shared_w2[0]
+        return (mxfp4.dequantize(self.shared_w13[0], self.shared_w13_scale[0]),
+                mxfp4.dequantize(self.shared_w2[0], self.shared_w2_scale[0]))
 
     def gate_up_rows(self) -> tuple[slice, slice]:
         """Row selectors of w13 (and w13_bias) for the gate and the up projection, per the layout."""
@@ -192,10 +259,18 @@ class MoEWeights:
             return np.concatenate([_pad_axis(gate, 1, di, fill), _pad_axis(up, 1, di, fill)], axis=1)
 
         one = mxfp4.E8M0_ONE
+        mx_shared = cfg.shared_format == "mxfp4"
         return MoEWeights(
             cfg.replace(hidden=hp, intermediate=ip),
             router_weight=_pad_axis(self.router_weight, 1, dh, 0),
             router_bias=self.router_bias,
+            expert_map=self.expert_map,
+            # the shared expert's hidden axes grow like the routed ones' (its intermediate size stays)
+            shared_w13=_pad_axis(self.shared_w13, 2, dh // 2 if mx_shared else dh, 0),
+            shared_w13_scale=_pad_axis(self.shared_w13_scale, 2, dh // b, one),
+            shared_w2=_pad_axis(self.shared_w2, 1, dh, 0),
+            shared_w2_scale=_pad_axis(self.shared_w2_scale, 1, dh, one),
+            shared_gate_weight=_pad_axis(self.shared_gate_weight, 1, dh, 0),
             w13=rows13(_pad_axis(self.w13, 2, dh // 2, 0), 0),
             w13_scale=rows13(_pad_axis(self.w13_scale, 2, dh // b, one), one),
             w13_bias=None if self.w13_bias is None else rows13(self.w13_bias, 0),
@@ -225,6 +300,11 @@ class MoEWeights:
         return cls(config, **{f: d.get(VLLM_NAMES[f]) for f in VLLM_NAMES})
 
 
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """``a`` (float32) rounded to the nearest bf16 values, kept as float32."""
+    return a.astype(numpy_dtype("bfloat16")).astype(np.float32)
+
+
 def _bias(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
 
@@ -243,9 +323,9 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _pad_axis(a: np.ndarray, axis: int, extra: int, fill) -> np.ndarray:
-    """Append ``extra`` entries of ``fill`` along ``axis``; ``a`` itself when there is nothing to add."""
-    if not extra:
+def _pad_axis(a: np.ndarray | None, axis: int, extra: int, fill) -> np.ndarray | None:
+    """Append ``extra`` entries of ``fill`` along ``axis``; ``a`` itself when there is nothing to add (or None)."""
+    if a is None or not extra:
         return a
     shape = list(a.shape)
     shape[axis] = extra

@@ -354,7 +354,7 @@ def irpa_index(view: memoryview):
 
 # ================================================================= from a compiled module
 
-def save_module(path: str | os.PathLike, *, target: dict, code, inputs, outputs, parameter_specs,
+def save_module(path: str | os.PathLike, *, target: dict, code, entries, parameter_specs,
                 parameters: Mapping[str, np.ndarray] | None = None, stored_forms: Mapping | None = None,
                 weights: str = "embedded",
                 weight_sets: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] | None = None,
@@ -364,8 +364,8 @@ def save_module(path: str | os.PathLike, *, target: dict, code, inputs, outputs,
     """Write a compiled module as an artifact; the one writer of compiled code (``mxmoe.compile``'s modules and
     the torch.compile cache both come here). Returns the manifest.
 
-    ``target`` is the target's manifest record, ``code`` an ``IreeCode`` or ``TritonCode``, ``inputs``/``outputs``
-    the entry's ``TensorSpec``s, ``parameter_specs`` each parameter's stored name, dtype and shape (``TensorSpec``s),
+    ``target`` is the target's manifest record, ``code`` an ``IreeCode`` or ``TritonCode``, ``entries`` its entry
+    points (``EntrySignature``s, the default first), ``parameter_specs`` each parameter's stored name, dtype and shape (``TensorSpec``s),
     ``parameters`` the stored arrays by name (the default weight set) and ``stored_forms`` how each was made from
     its logical array.
     ``weights="embedded"`` stores the weights in the target's layout: by default one set, ``default``, from
@@ -439,8 +439,7 @@ def save_module(path: str | os.PathLike, *, target: dict, code, inputs, outputs,
             "mxmoe_version": _version(),
             "target": dict(target),
             "module": code.record(),
-            "entries": [{"name": "main", "inputs": [s.to_dict() for s in inputs],
-                         "outputs": [s.to_dict() for s in outputs]}],
+            "entries": [e.to_dict() for e in entries],
             "parameters": params,
             "weights": {"storage": weights, "format": wformat, "parameter_scope": "model",
                         "default": sets[0]["name"] if sets else None, "sets": sets},

@@ -102,11 +102,15 @@ class IreeCode:
             raise TargetUnavailableError(f"target {target.get('name')} needs {_needs(target)}; this machine has none")
 
     def executor(self, parameters, target: Mapping[str, Any], device: str | None = None):
-        """``(*numpy arrays) -> [numpy arrays]`` with ``parameters`` (an IREE parameter index over a memory-mapped
-        archive, or stored arrays by name) bound."""
+        """The loaded module with ``parameters`` (an IREE parameter index over a memory-mapped archive, or stored
+        arrays by name) bound; see :meth:`entry`."""
         from mxmoe.runtime.iree_executor import IreeExecutor
 
         return IreeExecutor(self.vmfb, parameters, driver=self._driver(target, device), function=self.function)
+
+    def entry(self, executor, name: str):
+        """``(*numpy arrays) -> [numpy arrays]`` running entry ``name`` (a function of the module)."""
+        return executor if name == self.function else executor.function(name)
 
 
 # ============================================================================================= Triton
@@ -161,6 +165,10 @@ class TritonCode:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return TritonExecutor(self.plan, parameters, self.binaries, device=None if interpret else device,
                                   mode="interpret" if interpret else "auto")
+
+    def entry(self, executor, name: str):
+        """The callable of entry ``name``: a Triton module has one entry (the compiler refuses others)."""
+        return executor
 
 
 def section_name(s: str) -> str:

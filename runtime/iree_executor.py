@@ -33,7 +33,10 @@ def shared_config(driver: str):
 
 
 class IreeExecutor:
-    """One loaded module on one IREE device; calls are serialised, so sharing it across threads is safe."""
+    """One loaded module on one IREE device; calls are serialised, so sharing it across threads is safe.
+
+    A module may export several functions (the entries of a layer) over one set of weights: ``function(name)``
+    gives a callable for another one, sharing the loaded module and its bound weights."""
 
     def __init__(self, vmfb: bytes, parameters,  # .irpa path, name -> array mapping, or iree ParameterIndex
                  driver: str = "local-task", function: str = "main"):
@@ -56,12 +59,26 @@ class IreeExecutor:
                    rt.create_hal_module(inst, self._config.device),
                    rt.VmModule.copy_buffer(inst, vmfb)]
         self._context = rt.SystemContext(vm_modules=modules, config=self._config)
-        self._fn = getattr(self._context.modules.module, function)
         self._lock = threading.Lock()
+        self._fn = self._lookup(function)
+
+    def _lookup(self, name: str):
+        try:
+            return getattr(self._context.modules.module, name)
+        except AttributeError:
+            raise ValueError(f"the compiled module has no function {name!r}") from None
+
+    def function(self, name: str):
+        """``(*arrays) -> [arrays]`` running another exported function of the same loaded module."""
+        fn = self._lookup(name)
+        return lambda *inputs: self._run(fn, inputs)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return self._run(self._fn, inputs)
+
+    def _run(self, fn, inputs) -> list[np.ndarray]:
         with self._lock:
-            out = self._fn(*inputs)
+            out = fn(*inputs)
             outs = out if isinstance(out, (list, tuple)) else [out]
             return [np.asarray(o.to_host()).copy() for o in outs]
 

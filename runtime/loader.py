@@ -16,11 +16,11 @@ from typing import Mapping
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype
-from mxmoe.core.signature import TensorSpec
+from mxmoe.core.signature import EntrySignature
 from mxmoe.core.stored_form import StoredForm
 from mxmoe.runtime.artifact import Artifact, ArtifactError, irpa_index, read_safetensors_view
 from mxmoe.runtime.code import KIND_IRPA, KIND_SAFETENSORS, TargetUnavailableError
-from mxmoe.runtime.module import BoundModule
+from mxmoe.runtime.module import EntryPoints
 
 
 class WeightsError(ValueError):
@@ -29,12 +29,12 @@ class WeightsError(ValueError):
 
 # ============================================================================================ module
 
-class LoadedModule(BoundModule):
-    """A compiled module loaded from an artifact; call it like the layer it was compiled from."""
+class LoadedModule(EntryPoints):
+    """A compiled module loaded from an artifact; call it like the layer it was compiled from (its default entry),
+    or ``entry(name)`` for another (``mod.entry("modular")(x, topk_weights, topk_ids)``)."""
 
-    def __init__(self, artifact: Artifact, executor, entry: dict, weight_set: str | None, takes_tensors: bool):
-        super().__init__([TensorSpec.from_dict(d) for d in entry["inputs"]],
-                         [TensorSpec.from_dict(d) for d in entry["outputs"]], executor, takes_tensors)
+    def __init__(self, artifact: Artifact, code, executor, weight_set: str | None):
+        super().__init__([EntrySignature.from_dict(d) for d in artifact.manifest["entries"]], code, executor)
         self.artifact = artifact
         self.manifest = artifact.manifest
         self.path = artifact.path
@@ -64,7 +64,6 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     ``verify``: check the sha256 of the weight section too (module sections are always checked).
     """
     art = Artifact(path)
-    entry = art.entry()
     weight_set = _resolve_set(art, weights, weight_set, layer)
     code = art.code()
     try:
@@ -76,7 +75,7 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
         executor = code.executor(params, art.target, device)
     except RuntimeError as e:
         raise ArtifactError(f"{art.path}: could not load the module: {str(e).splitlines()[0]}") from None
-    return LoadedModule(art, executor, entry, set_name, code.takes_tensors)
+    return LoadedModule(art, code, executor, set_name)
 
 
 # ============================================================================================ weights

@@ -322,14 +322,14 @@ class _Compiled:
     def from_artifact(cls, key: str, art) -> "_Compiled":
         from mxmoe.compiler.api import CompiledModule
         from mxmoe.compiler.targets import get_target
-        from mxmoe.core.signature import TensorSpec
+        from mxmoe.core.signature import EntrySignature, TensorSpec
         from mxmoe.core.stored_form import StoredForm
 
-        m, entry = art.manifest, art.entry()
+        m = art.manifest
         tgt = get_target(m["target"]["name"])
         template = CompiledModule(
-            target=tgt, inputs=[TensorSpec.from_dict(d) for d in entry["inputs"]],
-            outputs=[TensorSpec.from_dict(d) for d in entry["outputs"]], code=art.code(), parameters={}, mlir="",
+            target=tgt, entries=[EntrySignature.from_dict(d) for d in m["entries"]], code=art.code(), parameters={},
+            mlir="",
             parameter_specs=[TensorSpec(p["name"], p["dtype"], tuple(p["shape"])) for p in m["parameters"]],
             stored_forms={p["name"]: StoredForm.from_dict(p["form"]) for p in m["parameters"] if p.get("form")})
         names = {int(k): v for k, v in m["source"]["param_names"].items()}

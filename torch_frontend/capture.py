@@ -24,7 +24,8 @@ def capture(module: torch.nn.Module, example_inputs: Sequence[Any] | torch.Tenso
     """Export ``module`` with its leading (token) dimension(s) symbolic.
 
     Every floating-point tensor input gets a dynamic dim 0 (``tokens``); a rank-3 input ``[B, S, H]``
-    gets dynamic batch and sequence dims. Works for a bare ``MoE`` and for larger modules around one;
+    gets dynamic batch and sequence dims. An integer input of rank 2 (an engine's top-k ids ``[T, k]``) shares
+    the token dim. Works for a bare ``MoE`` and for larger modules around one;
     the mxmoe custom ops stay single nodes in the graph.
     """
     if isinstance(example_inputs, torch.Tensor):
@@ -40,7 +41,7 @@ def capture(module: torch.nn.Module, example_inputs: Sequence[Any] | torch.Tenso
     seq = Dim("seq", min=1, max=max_tokens)
     args, shapes = [], []
     for x in example_inputs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2:
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and (x.is_floating_point() or x.dim() == 2):
             dims = {0: tokens} if x.dim() == 2 else {0: batch, 1: seq}
             args.append(_grow(x, list(dims)))
             shapes.append(dims)

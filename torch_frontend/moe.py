@@ -18,27 +18,44 @@ from mxmoe.torch_frontend import ops
 from mxmoe.torch_frontend.mxfp4 import dequantize
 from mxmoe.core.weights import MoEWeights
 
-_WEIGHT_NAMES = ("w13", "w13_scale", "w2", "w2_scale")
-_FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias")
+#: buffers kept as they are (packed MXFP4 bytes, e8m0 scales, the int32 expert map); the rest are floats held in the
+#: activation dtype
+_EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_scale", "shared_w2_scale")
+_FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias", "shared_gate_weight")
 
 
 class MoE(nn.Module):
-    """A gpt-oss-style MoE layer with MXFP4 expert weights held as uint8 buffers.
+    """An MXFP4 MoE layer (gpt-oss and its kind) with its expert weights held as uint8 buffers.
 
     Router weights and biases are held in the activation dtype (as gpt-oss checkpoints do); the
     custom ops add biases in fp32. Input ``[T, H]`` or ``[B, S, H]``; output has the same shape.
+
+    Three entries, as serving engines call a fused MoE method (docs/interface.md): ``forward(x)`` (the layer's
+    own router), ``monolithic(x, router_logits)`` and ``modular(x, topk_weights, topk_ids)`` (the engine's
+    routing; ids are global expert ids). The config's expert map, router weight on input and shared expert
+    apply to all three.
     """
 
     def __init__(self, weights: MoEWeights, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
+        if not isinstance(weights, MoEWeights):
+            raise TypeError(f"MoE: expected MoEWeights (e.g. MoEWeights.random(config)), got {type(weights).__name__}")
         if dtype not in (torch.bfloat16, torch.float32, torch.float16):
             raise ValueError(f"MoE: activation dtype must be bfloat16, float16 or float32, got {dtype}")
         self.config: MoEConfig = weights.config
-        for name in _WEIGHT_NAMES:
-            self.register_buffer(name, torch.from_numpy(np.ascontiguousarray(getattr(weights, name))))
-        for name in _FLOAT_NAMES:
+        self._dtype = dtype
+        shared_float = self.config.shared_format == "bf16"
+        buffers = {}
+        for name in _EXACT_NAMES + _FLOAT_NAMES + ("shared_w13", "shared_w2"):
             v = getattr(weights, name)
-            t = None if v is None else torch.from_numpy(np.asarray(v, dtype=np.float32)).to(dtype)
+            if v is None:
+                buffers[name] = None
+            elif name in _FLOAT_NAMES or (shared_float and name in ("shared_w13", "shared_w2")):
+                buffers[name] = torch.from_numpy(np.asarray(v, dtype=np.float32)).to(dtype)
+            else:
+                buffers[name] = torch.from_numpy(np.ascontiguousarray(v))
+        # absent tensors last: torch.export (2.13) mis-numbers buffers after two or more None ones
+        for name, t in sorted(buffers.items(), key=lambda kv: kv[1] is None):
             self.register_buffer(name, t)
 
     # ------------------------------------------------------------------------------- construction
@@ -65,11 +82,11 @@ class MoE(nn.Module):
         return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
 
     def to_weights(self) -> MoEWeights:
-        """The layer's weights as numpy (biases as fp32), e.g. to write a checkpoint or compile."""
-        d = {n: getattr(self, n).cpu().numpy() for n in _WEIGHT_NAMES}
-        for n in _FLOAT_NAMES:
+        """The layer's weights as numpy (floats as fp32), e.g. to write a checkpoint or compile."""
+        d = {}
+        for n in _EXACT_NAMES + _FLOAT_NAMES + ("shared_w13", "shared_w2"):
             v = getattr(self, n)
-            d[n] = None if v is None else v.detach().float().cpu().numpy()
+            d[n] = None if v is None else (v.detach().float() if v.is_floating_point() else v).cpu().numpy()
         return MoEWeights(config=self.config, **d)
 
     def to_transformers(self) -> nn.Module:
@@ -80,7 +97,13 @@ class MoE(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.router_weight.dtype
+        return self._dtype
+
+    def _apply(self, fn, *args, **kwargs):  # .to(dtype) / .half() keep the activation dtype in step
+        out = super()._apply(fn, *args, **kwargs)
+        if self.w13_bias is not None or self.router_weight is not None:
+            self._dtype = (self.router_weight if self.router_weight is not None else self.w13_bias).dtype
+        return out
 
     def dequantized_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [E, 2I, H], w2 [E, H, I]) in fp32."""
@@ -93,18 +116,85 @@ class MoE(nn.Module):
     def forward_with_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output (``x``'s shape) and each token's top-k routing weights ``[T, k]`` (fp32)."""
         cfg = self.config
-        name = type(self).__name__
+        tokens = self._tokens(x)
+        if self.router_weight is None:
+            raise ValueError(f"{type(self).__name__}: this layer has no router (config.router is False); call "
+                             "monolithic(x, router_logits) or modular(x, topk_weights, topk_ids)")
+        logits = F.linear(tokens, self.router_weight, self.router_bias)
+        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        return self._experts(tokens, weights, ids).reshape(x.shape), weights
+
+    def monolithic(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The output for hidden states ``x`` and the router's logits ``[T, E_global]`` (the engine's router)."""
+        cfg = self.config
+        tokens = self._tokens(x)
+        logits = router_logits.reshape(-1, router_logits.shape[-1])
+        if tuple(logits.shape) != (tokens.shape[0], cfg.experts_routed):
+            raise ValueError(f"{type(self).__name__}: router_logits must be [T, {cfg.experts_routed}] for "
+                             f"{tokens.shape[0]} tokens, got {tuple(router_logits.shape)}")
+        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        return self._experts(tokens, weights, ids).reshape(x.shape)
+
+    def modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                shared: bool = True) -> torch.Tensor:
+        """The output for hidden states ``x`` and the engine's routing: ``topk_weights`` [T, k] (fp32) and global
+        ``topk_ids`` [T, k] (int32/int64; an id outside [0, E_global) is skipped). ``shared=False`` leaves the
+        shared expert out (an engine may run it elsewhere)."""
+        cfg = self.config
+        tokens = self._tokens(x)
+        t = tokens.shape[0]
+        if tuple(topk_weights.shape) != (t, cfg.top_k) or tuple(topk_ids.shape) != (t, cfg.top_k):
+            raise ValueError(f"{type(self).__name__}: topk_weights and topk_ids must be [T, {cfg.top_k}] for {t} "
+                             f"tokens, got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}")
+        if topk_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{type(self).__name__}: topk_ids must be int32 or int64, got {topk_ids.dtype}")
+        ids = ops.map_experts(topk_ids, self.expert_map, cfg.experts_routed)
+        return self._experts(tokens, topk_weights.float(), ids, mapped=True, shared=shared).reshape(x.shape)
+
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        cfg, name = self.config, type(self).__name__
         if x.shape[-1] != cfg.hidden or x.dim() not in (2, 3):
             raise ValueError(f"{name}: input must be [T, {cfg.hidden}] or [B, S, {cfg.hidden}], got {tuple(x.shape)}")
         if x.dtype != self.dtype:
             raise ValueError(f"{name}: input dtype {x.dtype} does not match the layer's dtype {self.dtype}")
-        tokens = x.reshape(-1, cfg.hidden)
-        logits = F.linear(tokens, self.router_weight, self.router_bias)
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
-        h = ops.mxfp4_grouped_matmul(tokens, ids, self.w13, self.w13_scale, self.w13_bias)
+        return x.reshape(-1, cfg.hidden)
+
+    def _experts(self, tokens: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, mapped: bool = False,
+                 shared: bool = True) -> torch.Tensor:
+        """The routed experts (and the shared one) for routed (weights, ids): global ids unless ``mapped``."""
+        cfg = self.config
+        if cfg.expert_parallel and not mapped:
+            ids = ops.map_experts(ids, self.expert_map, cfg.experts_routed)
+        x_in = tokens
+        if cfg.apply_router_weight_on_input:
+            x_in = ops.weight_rows(tokens, weights)
+            weights = torch.ones_like(weights)
+        h = ops.mxfp4_grouped_matmul(x_in, ids, self.w13, self.w13_scale, self.w13_bias)
         a = ops.glu(h, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit, cfg.interleaved)
         y = ops.mxfp4_grouped_matmul(a, ids, self.w2, self.w2_scale, self.w2_bias)
-        return ops.combine(y, weights).reshape(x.shape), weights
+        out = ops.combine(y, weights)
+        if shared and cfg.shared_intermediate:
+            out = out + self._shared_expert(tokens)
+        return out
+
+    def _shared_expert(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The shared expert: a GLU MLP (gate rows then up rows) every token goes through, as one expert
+        routed with weight 1 (or its sigmoid gate) so the compiled paths run it with the routed kernels."""
+        cfg = self.config
+        if cfg.shared_format == "bf16":
+            h = F.linear(tokens, self.shared_w13[0])
+            a = ops.glu(h, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit, False)
+            y = F.linear(a, self.shared_w2[0])
+            if self.shared_gate_weight is None:
+                return y
+            return (y.float() * torch.sigmoid(F.linear(tokens, self.shared_gate_weight).float())).to(tokens.dtype)
+        ids = tokens.new_zeros((tokens.shape[0], 1), dtype=torch.int32)
+        gate = (torch.sigmoid(F.linear(tokens, self.shared_gate_weight).float()) if self.shared_gate_weight is not None
+                else tokens.new_ones((tokens.shape[0], 1), dtype=torch.float32))
+        h = ops.mxfp4_grouped_matmul(tokens, ids, self.shared_w13, self.shared_w13_scale, None)
+        a = ops.glu(h, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit, False)
+        y = ops.mxfp4_grouped_matmul(a, ids, self.shared_w2, self.shared_w2_scale, None)
+        return ops.combine(y, gate)
 
     def extra_repr(self) -> str:
         c = self.config

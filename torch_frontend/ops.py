@@ -8,6 +8,12 @@ An MoE layer is four ops, split where the compiler wants seams:
   or ``[T,k,K]`` (one row per slot). fp32 accumulation, result rounded to ``x.dtype``.
 * ``mxmoe::glu(h, activation, alpha, limit, interleaved) -> [..., I]`` from ``[..., 2I]``.
 * ``mxmoe::combine(y, weights) -> [T,H]``: ``sum_j weights[t,j] * y[t,j]`` in fp32, rounded to ``y.dtype``.
+* ``mxmoe::map_experts(ids, expert_map?, num_global) -> local ids i32 [T,k]``: expert parallelism; -1 marks a pair
+  whose expert is not in this layer (another rank's, or an id outside ``[0, num_global)``).
+* ``mxmoe::weight_rows(x, weights) -> [T,k,H]``: the routing weight applied to the token before the experts
+  (``apply_router_weight_on_input``): ``x[t] * weights[t,j]`` with the weight rounded to ``x.dtype`` first.
+
+A grouped-matmul row whose id is -1 is 0 (no bias), so it adds nothing to the combine; compiled paths skip it.
 
 Each op has an eager implementation, which *is* the reference semantics every compiled path is tested
 against, and a fake implementation so torch.export keeps it as one node with a symbolic token count.
@@ -83,12 +89,14 @@ def mxfp4_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bia
     check_grouped_matmul(x, ids, w, w_scale, bias)
     t, k = ids.shape
     n = w.shape[1]
-    _check(ids.numel() == 0 or (0 <= int(ids.min()) and int(ids.max()) < w.shape[0]), "mxfp4_grouped_matmul",
-           f"expert ids must be in 0..{w.shape[0] - 1}, got {int(ids.min())}..{int(ids.max())}")
+    _check(ids.numel() == 0 or (-1 <= int(ids.min()) and int(ids.max()) < w.shape[0]), "mxfp4_grouped_matmul",
+           f"expert ids must be in 0..{w.shape[0] - 1} (or -1: not this layer's), got {int(ids.min())}..{int(ids.max())}")
     xs = x.float() if x.dim() == 3 else x.float().unsqueeze(1).expand(t, k, x.shape[-1])
     out = torch.zeros((t, k, n), dtype=torch.float32, device=x.device)
     ids_l = ids.long()
     for e in torch.unique(ids_l).tolist():
+        if e < 0:
+            continue
         sel = ids_l == e
         we = dequantize(w[e], w_scale[e])  # [N, K] fp32
         y = xs[sel] @ we.t()
@@ -174,9 +182,62 @@ def check_combine(y: Tensor, weights: Tensor) -> None:
            f"weights must be [T, k] = {tuple(y.shape[:2])}, got {tuple(weights.shape)}")
 
 
+# --------------------------------------------------------------------------------------- map_experts
+@torch.library.custom_op(f"{_LIB}::map_experts", mutates_args=())
+def map_experts(ids: Tensor, expert_map: Optional[Tensor], num_global: int) -> Tensor:
+    """Global expert ids -> this layer's (int32): ``expert_map[id]``, or the id itself without a map; -1 where
+    the expert is another rank's or the id is outside ``[0, num_global)`` (e.g. an engine's skip sentinel)."""
+    check_map_experts(ids, expert_map, num_global)
+    ids_l = ids.long()
+    valid = (ids_l >= 0) & (ids_l < num_global)
+    safe = torch.where(valid, ids_l, torch.zeros_like(ids_l))
+    local = expert_map.long()[safe] if expert_map is not None else safe
+    return torch.where(valid, local, torch.full_like(local, -1)).to(torch.int32)
+
+
+@map_experts.register_fake
+def _(ids, expert_map, num_global):
+    check_map_experts(ids, expert_map, num_global)
+    return ids.new_empty(ids.shape, dtype=torch.int32)
+
+
+def check_map_experts(ids: Tensor, expert_map: Optional[Tensor], num_global: int) -> None:
+    _check(ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64), "map_experts",
+           f"ids must be int32/int64 [T, k], got {ids.dtype} {tuple(ids.shape)}")
+    _check(num_global > 0, "map_experts", f"num_global must be positive, got {num_global}")
+    if expert_map is not None:
+        _check(expert_map.dtype == torch.int32 and tuple(expert_map.shape) == (num_global,), "map_experts",
+               f"expert_map must be int32 [{num_global}], got {expert_map.dtype} {tuple(expert_map.shape)}")
+
+
+# --------------------------------------------------------------------------------------- weight_rows
+@torch.library.custom_op(f"{_LIB}::weight_rows", mutates_args=())
+def weight_rows(x: Tensor, weights: Tensor) -> Tensor:
+    """``[T, H]`` tokens scaled by their routing weights, one row per slot ``[T, k, H]``: the weight (rounded to
+    the token's dtype) multiplies the token before the experts, rounded to ``x.dtype`` (Llama-4's
+    ``apply_router_weight_on_input``; serving engines compute ``x * w.to(x.dtype)``)."""
+    check_weight_rows(x, weights)
+    w = weights.to(x.dtype).float()
+    return (x.float().unsqueeze(1) * w.unsqueeze(-1)).to(x.dtype)
+
+
+@weight_rows.register_fake
+def _(x, weights):
+    check_weight_rows(x, weights)
+    return x.new_empty((x.shape[0], weights.shape[1], x.shape[1]))
+
+
+def check_weight_rows(x: Tensor, weights: Tensor) -> None:
+    _check(x.dim() == 2 and x.is_floating_point(), "weight_rows", f"x must be float [T, H], got {x.dtype} {tuple(x.shape)}")
+    _check(weights.dim() == 2 and weights.shape[0] == x.shape[0], "weight_rows",
+           f"weights must be [T, k] with T = {x.shape[0]}, got {tuple(weights.shape)}")
+
+
 OPS = {
     "route": route,
     "mxfp4_grouped_matmul": mxfp4_grouped_matmul,
     "glu": glu,
     "combine": combine,
+    "map_experts": map_experts,
+    "weight_rows": weight_rows,
 }

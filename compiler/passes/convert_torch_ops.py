@@ -26,6 +26,8 @@ _SIGNATURES = {
     "torch.mxmoe.mxfp4_grouped_matmul": ("mxmoe.grouped_matmul", ("T", "T", "T", "T", "T?")),
     "torch.mxmoe.glu": ("mxmoe.glu", ("T", "activation", "alpha", "limit", "interleaved")),
     "torch.mxmoe.combine": ("mxmoe.combine", ("T", "T")),
+    "torch.mxmoe.map_experts": ("mxmoe.map_experts", ("T", "T?", "num_global")),
+    "torch.mxmoe.weight_rows": ("mxmoe.weight_rows", ("T", "T")),
 }
 _ELEMENTS = {"ui8": "i8", "si8": "i8", "si32": "i32", "si64": "i64", "bf16": "bf16", "f16": "f16", "f32": "f32",
              "i1": "i1"}
@@ -103,6 +105,8 @@ def convert_op(op: ir.Operation) -> None:
                 operands.append(_to_builtin(v))
         if name == "mxmoe.grouped_matmul":
             attrs["has_bias"] = len(operands) == 5
+        if name == "mxmoe.map_experts":
+            attrs["has_map"] = len(operands) == 2
         new = dialect.create(name, operands, result_types, attrs, loc=op.location)
         for old, res in zip(op.results, new.results):
             back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[res]).result

@@ -159,9 +159,11 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
     out_dims = [None, k, n]
     acc = _filled(b, out_dims, "f32", [T], "0.0")
     xmap = _map(4, "d0, d3") if xt.rank == 2 else _map(4, "d0, d1, d3")
+    # a slot whose id is -1 (not this layer's expert) reads expert 0's bytes and contributes 0
     body = [
         "%n = linalg.index 2 : index", "%c = linalg.index 3 : index",
-        "%e = arith.index_cast %id : i32 to index",
+        "%zi = arith.constant 0 : i32", "%valid = arith.cmpi sge, %id, %zi : i32",
+        "%idc = arith.select %valid, %id, %zi : i32", "%e = arith.index_cast %idc : i32 to index",
         "%two = arith.constant 2 : index", "%k32 = arith.constant 32 : index",
         "%bi = arith.divui %c, %two : index", "%blk = arith.divui %c, %k32 : index",
         f"%byte = tensor.extract %w[%e, %n, %bi] : {w_t}",
@@ -171,7 +173,8 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
         "%hi = arith.shrui %byte, %sh : i8", "%m15 = arith.constant 15 : i8", "%code = arith.andi %hi, %m15 : i8",
         *_decode_lines("%code", "%sbyte", "%wv"),
         *_to_f32_lines("%xv", xel, "%xf"),
-        "%p = arith.mulf %xf, %wv : f32", "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
+        "%p0 = arith.mulf %xf, %wv : f32", "%fz = arith.constant 0.0 : f32",
+        "%p = arith.select %valid, %p0, %fz : f32", "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
     ]
     mm = _generic(b, [(x, str(xt), xmap), ("%ids", _tt([None, k], "i32"), _map(4, "d0, d1"))],
                   [(acc, _tt(out_dims, "f32"), _map(4, "d0, d1, d2"))],
@@ -183,8 +186,11 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
     id3 = _map(3, "d0, d1, d2")
     return _generic(b, [(mm, _tt(out_dims, "f32"), id3), ("%ids", _tt([None, k], "i32"), _map(3, "d0, d1"))],
                     [(_empty(b, out_dims, "f32", [T]), _tt(out_dims, "f32"), id3)], ["parallel"] * 3,
-                    ["%n = linalg.index 2 : index", "%e = arith.index_cast %id : i32 to index",
-                     f"%bv = tensor.extract %bias[%e, %n] : {bias_t}", *_to_f32_lines("%bv", bel, "%bf"),
+                    ["%n = linalg.index 2 : index", "%zi = arith.constant 0 : i32",
+                     "%valid = arith.cmpi sge, %id, %zi : i32", "%idc = arith.select %valid, %id, %zi : i32",
+                     "%e = arith.index_cast %idc : i32 to index",
+                     f"%bv = tensor.extract %bias[%e, %n] : {bias_t}", *_to_f32_lines("%bv", bel, "%bf0"),
+                     "%fz = arith.constant 0.0 : f32", "%bf = arith.select %valid, %bf0, %fz : f32",
                      "%r = arith.addf %a, %bf : f32", "linalg.yield %r : f32"],
                     [("%a", "f32"), ("%id", "i32"), ("%o", "f32")])
 
@@ -344,10 +350,63 @@ def _combine_func(fname: str, v: OpView) -> str:
     return f"func.func private @{fname}(%y: {y}, %weights: {wt}) -> {rt} {{\n  " + "\n  ".join(b.lines) + "\n}"
 
 
+def _map_experts_func(fname: str, v: OpView) -> str:
+    """local[t, j] = map[ids[t, j]] (or the id itself without a map); -1 where the id is outside [0, num_global)
+    or its expert is not this layer's."""
+    ts = v.operand_types()
+    ids = ts[0]
+    _, k = shape(ids)
+    iel, g = str(ids.element_type), v.attr("num_global")
+    has_map = v.attr("has_map")
+    args = [f"%ids: {ids}"] + ([f"%map: {ts[1]}"] if has_map else [])
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %ids, {c0} : {ids}", "T")
+    ident = _map(2, "d0, d1")
+    wide = [f"%i = arith.extsi %a : {iel} to i64"] if iel != "i64" else []  # i64 ids are the block argument
+    body = (wide + [
+        f"%gmax = arith.constant {g} : i64", "%z = arith.constant 0 : i64",
+        "%ge = arith.cmpi sge, %i, %z : i64", "%lt = arith.cmpi slt, %i, %gmax : i64", "%valid = arith.andi %ge, %lt : i1",
+        "%safe = arith.select %valid, %i, %z : i64", "%neg = arith.constant -1 : i32"])
+    if has_map:
+        body += ["%ix = arith.index_cast %safe : i64 to index", f"%local = tensor.extract %map[%ix] : {ts[1]}"]
+    else:
+        body += ["%local = arith.trunci %safe : i64 to i32"]
+    body += ["%r = arith.select %valid, %local, %neg : i32", "linalg.yield %r : i32"]
+    out = _generic(b, [("%ids", str(ids), ident)], [(_empty(b, [None, k], "i32", [T]), _tt([None, k], "i32"), ident)],
+                   ["parallel", "parallel"], body, [("%i" if iel == "i64" else "%a", iel), ("%o", "i32")])
+    b.raw(f"return {out} : {_tt([None, k], 'i32')}")
+    return (f"func.func private @{fname}({', '.join(args)}) -> {_tt([None, k], 'i32')} {{\n  " + "\n  ".join(b.lines)
+            + "\n}")
+
+
+def _weight_rows_func(fname: str, v: OpView) -> str:
+    """out[t, j, :] = x[t, :] * round(weights[t, j]), rounded to x's type (the weight is rounded to it first)."""
+    x, wt = v.operand_types()
+    _, h = shape(x)
+    _, k = shape(wt)
+    el = str(x.element_type)
+    b = _Body()
+    c0 = b.const(0, "index")
+    T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
+    out_dims = [None, k, h]
+    # the weight rounded to x's type on the bits (IREE folds a truncf/extf pair away)
+    body = (_to_f32_lines("%xv", el, "%xf") + _input_lines("%wv", "f32", "%wf", None if el == "f32" else el)
+            + ["%p = arith.mulf %xf, %wf : f32"] + _from_f32_lines("%p", el, "%r") + [f"linalg.yield %r : {el}"])
+    out = _generic(b, [("%x", str(x), _map(3, "d0, d2")), ("%weights", str(wt), _map(3, "d0, d1"))],
+                   [(_empty(b, out_dims, el, [T]), _tt(out_dims, el), _map(3, "d0, d1, d2"))], ["parallel"] * 3, body,
+                   [("%xv", el), ("%wv", "f32"), ("%o", el)])
+    b.raw(f"return {out} : {_tt(out_dims, el)}")
+    return (f"func.func private @{fname}(%x: {x}, %weights: {wt}) -> {_tt(out_dims, el)} {{\n  " + "\n  ".join(b.lines)
+            + "\n}")
+
+
 _EMITTERS = {
     "mxmoe.route": _route_func,
     "mxmoe.glu": _glu_func,
     "mxmoe.combine": _combine_func,
+    "mxmoe.map_experts": _map_experts_func,
+    "mxmoe.weight_rows": _weight_rows_func,
 }
 
 

@@ -94,7 +94,7 @@ def test_post_init_rejects_bad_tensors(field, value, match):
 def test_bias_present_when_config_says_none():
     fields = dict(vars(MoEWeights.random(TINY)))
     fields["config"] = TINY.replace(bias=False)
-    match = r"w13_bias: expected None because config.bias is False, got \(8, 192\) float32"
+    match = r"w13_bias: expected None, the config has no such tensor \(bias\); got \(8, 192\) float32"
     with pytest.raises(ValueError, match=match):
         MoEWeights(**fields)
 

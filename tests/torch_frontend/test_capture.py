@@ -89,5 +89,5 @@ def test_custom_ops_reject_bad_inputs_by_name(moe, call, match):
 
 def test_expert_ids_out_of_range_are_rejected(moe):
     ids = torch.full((2, 2), moe.config.num_experts, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"expert ids must be in 0\.\.7, got 8\.\.8"):
+    with pytest.raises(ValueError, match=r"expert ids must be in 0\.\.7 \(or -1: not this layer.s\), got 8\.\.8"):
         ops.mxfp4_grouped_matmul(torch.randn(2, H), ids, moe.w13, moe.w13_scale, None)

@@ -430,7 +430,7 @@ func.func @f46(%y: tensor<?x2x64xbf16>) {
 
 // an mxmoe op the dialect does not define
 func.func @f47(%l: tensor<?x4xbf16>) {
-  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.frobnicate' op is not an op of the mxmoe dialect (known: mxmoe.combine, mxmoe.glu, mxmoe.grouped_matmul, mxmoe.grouped_matmul_combine, mxmoe.grouped_matmul_glu, mxmoe.route)
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.frobnicate' op is not an op of the mxmoe dialect (known: mxmoe.combine, mxmoe.glu, mxmoe.grouped_matmul, mxmoe.grouped_matmul_combine, mxmoe.grouped_matmul_glu, mxmoe.map_experts, mxmoe.route, mxmoe.weight_rows)
   %r = "mxmoe.frobnicate"(%l) : (tensor<?x4xbf16>) -> tensor<?x4xbf16>
   return
 }
@@ -447,3 +447,27 @@ func.func @nested(%c: i1, %l: tensor<?x4xbf16>) {
 }
 
 // CHECK-NOT: func.func
+
+// -----
+
+func.func @map_experts_bad_map(%g: tensor<?x2xi64>, %m: tensor<8xi32>) -> tensor<?x2xi32> {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.map_experts' op map must be 16 x i32, got tensor<8xi32>
+  %a = "mxmoe.map_experts"(%g, %m) {num_global = 16 : i64, has_map = true} : (tensor<?x2xi64>, tensor<8xi32>) -> tensor<?x2xi32>
+  return %a : tensor<?x2xi32>
+}
+
+// -----
+
+func.func @map_experts_float_ids(%g: tensor<?x2xf32>) -> tensor<?x2xi32> {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.map_experts' op ids must be T x k x i32 or i64, got tensor<?x2xf32>
+  %a = "mxmoe.map_experts"(%g) {num_global = 16 : i64, has_map = false} : (tensor<?x2xf32>) -> tensor<?x2xi32>
+  return %a : tensor<?x2xi32>
+}
+
+// -----
+
+func.func @weight_rows_bad_result(%x: tensor<?x64xbf16>, %w: tensor<?x1xf32>) -> tensor<?x1x64xf32> {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.weight_rows' op result must be T x 1 x 64 x bf16, got tensor<?x1x64xf32>
+  %r = "mxmoe.weight_rows"(%x, %w) : (tensor<?x64xbf16>, tensor<?x1xf32>) -> tensor<?x1x64xf32>
+  return %r : tensor<?x1x64xf32>
+}

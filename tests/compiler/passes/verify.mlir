@@ -40,3 +40,21 @@ func.func @extra_attrs(%y: tensor<?x2x64xbf16>, %w: tensor<?x2xf32>) -> tensor<?
   %p = "foo.anything"(%o) {top_k = "not checked"} : (tensor<?x64xbf16>) -> tensor<?x64xbf16>
   return %p : tensor<?x64xbf16>
 }
+
+// Expert parallelism: global ids (i64 from an engine) mapped through an expert map; without a map only the range.
+// CHECK-LABEL: func.func @map_experts_forms
+// CHECK: "mxmoe.map_experts"(%{{.*}}, %{{.*}}) {has_map = true, num_global = 16 : i64} : (tensor<?x2xi64>, tensor<16xi32>) -> tensor<?x2xi32>
+// CHECK: "mxmoe.map_experts"(%{{.*}}) {has_map = false, num_global = 8 : i64} : (tensor<?x2xi32>) -> tensor<?x2xi32>
+func.func @map_experts_forms(%g: tensor<?x2xi64>, %m: tensor<16xi32>, %l: tensor<?x2xi32>) -> (tensor<?x2xi32>, tensor<?x2xi32>) {
+  %a = "mxmoe.map_experts"(%g, %m) {num_global = 16 : i64, has_map = true} : (tensor<?x2xi64>, tensor<16xi32>) -> tensor<?x2xi32>
+  %b = "mxmoe.map_experts"(%l) {num_global = 8 : i64, has_map = false} : (tensor<?x2xi32>) -> tensor<?x2xi32>
+  return %a, %b : tensor<?x2xi32>, tensor<?x2xi32>
+}
+
+// Router weight on input: one row per slot.
+// CHECK-LABEL: func.func @weight_rows_form
+// CHECK: "mxmoe.weight_rows"(%{{.*}}, %{{.*}}) : (tensor<?x64xbf16>, tensor<?x1xf32>) -> tensor<?x1x64xbf16>
+func.func @weight_rows_form(%x: tensor<?x64xbf16>, %w: tensor<?x1xf32>) -> tensor<?x1x64xbf16> {
+  %r = "mxmoe.weight_rows"(%x, %w) : (tensor<?x64xbf16>, tensor<?x1xf32>) -> tensor<?x1x64xbf16>
+  return %r : tensor<?x1x64xbf16>
+}

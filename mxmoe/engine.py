@@ -1,0 +1,192 @@
+"""``Mxfp4MoEMethod``: mxmoe as a serving engine's quantized fused-MoE method.
+
+The lifecycle follows how engines drive such a method, so an integration is a thin adapter (docs/interface.md):
+
+1. ``create_weights(layer)`` registers the parameters on the engine's MoE layer, in the standard layout with H and
+   I padded up front to the target's multiple: ``w13_weight`` [E, 2I', H'/2] uint8, ``w13_weight_scale``
+   [E, 2I', H'/32], ``w2_weight`` [E, H', I'/2], ``w2_weight_scale`` [E, H', I'/32], ``w13_bias`` [E, 2I'],
+   ``w2_bias`` [E, H'] (params dtype), and for a shared expert ``shared_w13_weight`` [2S', H'/2] (+ ``_scale``) or
+   bf16 [2S', H'], ``shared_w2_weight``, ``shared_gate_weight`` [1, H'].
+2. The engine's checkpoint loader copies tensors into the unpadded regions (padding stays zero weights with unit
+   scales, which contributes nothing; see :meth:`Mxfp4MoEMethod.create_weights` for where gate and up go).
+3. ``process_weights_after_loading(layer)`` converts them once to the target's layout and binds them to a module
+   compiled once per shape (every layer of a model shares it).
+4. ``apply`` (modular: the engine's top-k weights and global ids) or ``apply_monolithic`` (the router's logits).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mxmoe.core.bridge import numpy_dtype, to_numpy
+from mxmoe.core.config import MXFP4_BLOCK, MoEConfig
+from mxmoe.core.mxfp4 import E8M0_ONE
+from mxmoe.core.weights import VLLM_NAMES, MoEWeights, expected_tensors
+
+__all__ = ["Mxfp4MoEMethod"]
+
+#: compiled templates (no weights) by (config, dtype, target, entries): every layer of one shape shares one
+_TEMPLATES: dict[tuple, Any] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class Mxfp4MoEMethod:
+    """An MXFP4 fused-MoE method for one MoE layer shape on one target (see the module docstring)."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 has_bias: bool = True, activation: str = "swiglu_oai", routing: str = "topk_softmax",
+                 renormalize: bool = False, global_num_experts: int | None = None, expert_map=None,
+                 apply_router_weight_on_input: bool = False, shared_intermediate_size: int = 0,
+                 shared_gate: bool = False, shared_format: str = "mxfp4", target: str = "cpu",
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, interleaved: bool = True,
+                 max_capture_size: int | None = None):
+        from mxmoe.compiler.targets import get_target
+
+        self.target = get_target(target)
+        if not self.target.runs_torch_tensors:
+            raise ValueError(f"Mxfp4MoEMethod runs on torch tensors; target {self.target.name} cannot (compile an "
+                             "artifact for it with mxmoe.compile instead)")
+        for name, v in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"Mxfp4MoEMethod: {name} must be a positive int, got {v!r}")
+        #: the target's padding of H and I (and of the shared expert's size), decided up front
+        self.pad_multiple = math.lcm(self.target.pad_multiple, MXFP4_BLOCK)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.shared_intermediate_size = shared_intermediate_size
+        self.hidden_padded = _round_up(hidden_size, self.pad_multiple)
+        self.intermediate_padded = _round_up(intermediate_size, self.pad_multiple)
+        self.shared_padded = _round_up(shared_intermediate_size, self.pad_multiple)
+        if expert_map is not None and global_num_experts is None:
+            global_num_experts = int(np.asarray(to_numpy(expert_map) if torch.is_tensor(expert_map)
+                                                else expert_map).shape[0])
+        self.config = MoEConfig(
+            num_experts=num_experts, top_k=top_k, hidden=self.hidden_padded, intermediate=self.intermediate_padded,
+            routing=routing, renormalize=renormalize, activation=activation, swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit, interleaved=interleaved, bias=has_bias, router_bias=False, router=False,
+            global_num_experts=global_num_experts, apply_router_weight_on_input=apply_router_weight_on_input,
+            shared_intermediate=self.shared_padded, shared_gate=shared_gate, shared_format=shared_format)
+        self.expert_map = None
+        if global_num_experts is not None:
+            em = expert_map if expert_map is not None else np.arange(global_num_experts) if \
+                global_num_experts == num_experts else None
+            if em is None:
+                raise ValueError(f"Mxfp4MoEMethod: global_num_experts={global_num_experts} with {num_experts} local "
+                                 "experts needs an expert_map")
+            self.expert_map = np.asarray(to_numpy(em) if torch.is_tensor(em) else em).astype(np.int32)
+        if max_capture_size is not None and (not isinstance(max_capture_size, int) or max_capture_size < 1):
+            raise ValueError(f"Mxfp4MoEMethod: max_capture_size must be a positive int, got {max_capture_size!r}")
+        self.max_capture_size = max_capture_size
+        self.entries = ["monolithic", "modular"] + (["modular_routed", "shared"] if shared_intermediate_size else [])
+
+    # ---------------------------------------------------------------------------------- 1. parameters
+    def create_weights(self, layer: nn.Module, params_dtype: torch.dtype = torch.bfloat16) -> None:
+        """Register the parameters on ``layer`` (padded shapes, zero codes and unit scales), for a loader to fill.
+
+        Where a loader puts checkpoint tensors of the unpadded sizes (H, I, S):
+        ``w13_weight[e, :2I, :H/2]`` for interleaved gate/up rows (gate, up, gate, up, ...); for concatenated
+        ones, gate rows at ``[e, :I]`` and up rows at ``[e, I':I'+I]`` (each half padded on its own). ``w2_weight[e,
+        :H, :I/2]``; scales likewise (``/32``); biases ``w13_bias[e, rows]``, ``w2_bias[e, :H]``. The shared expert
+        is concatenated (gate then up): ``shared_w13_weight[:S]`` and ``[S':S'+S]``, ``shared_w2_weight[:H, :S/2]``.
+        """
+        if params_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"create_weights: params_dtype must be bfloat16, float16 or float32, got {params_dtype}")
+        self.params_dtype = params_dtype
+        for field, spec in expected_tensors(self.config).items():
+            if spec is None or field.startswith("router"):
+                continue
+            shape, dtype = spec
+            shape = shape[1:] if field.startswith("shared_w") else shape  # the engine's shared expert has no E axis
+            if dtype == np.uint8:
+                t = torch.full(shape, E8M0_ONE if field.endswith("_scale") else 0, dtype=torch.uint8)
+            elif dtype == np.int32:
+                t = torch.from_numpy(self.expert_map.copy())
+            else:
+                t = torch.zeros(shape, dtype=params_dtype)
+            layer.register_parameter(VLLM_NAMES[field], nn.Parameter(t, requires_grad=False))
+
+    # ---------------------------------------------------------------------------------- 2-3. convert once
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Convert the loaded parameters to the target's layout and bind them to the compiled module (compiled
+        once per layer shape and target, shared by every layer of that shape)."""
+        from mxmoe.compiler.parameters import store_parameters
+        from mxmoe.torch_frontend.moe import MoE
+
+        fields = {}
+        for field, name in VLLM_NAMES.items():
+            if field.startswith("router"):
+                continue
+            p = getattr(layer, name, None)
+            if p is None:
+                fields[field] = None
+                continue
+            a = to_numpy(p)
+            a = a.astype(np.float32) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
+            fields[field] = a[None] if field.startswith("shared_w") else a
+        weights = MoEWeights(self.config, None, None, **fields)
+        compiled = self._template(MoE, weights)
+        # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
+        raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
+               for spec in compiled.parameter_specs}
+        module = compiled.with_parameters(store_parameters(compiled.stored_forms, raw))
+        layer._mxmoe_module = module.bound()
+        layer._mxmoe_device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+
+    def _template(self, moe_cls, weights: MoEWeights):
+        from mxmoe.torch_frontend.compile import compile as mx_compile
+
+        key = (self.config, self.params_dtype, self.target.name, tuple(self.entries))
+        with _TEMPLATES_LOCK:
+            found = _TEMPLATES.get(key)
+            if found is None:
+                compiled = mx_compile(moe_cls(weights, dtype=self.params_dtype), self.target, entries=self.entries)
+                found = _TEMPLATES[key] = compiled.without_weights()
+        return found
+
+    # ---------------------------------------------------------------------------------- 4. apply
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts_input: torch.Tensor | None = None) -> torch.Tensor:
+        """Modular: ``x`` [T, H], the engine's ``topk_weights`` [T, k] (fp32) and global ``topk_ids`` [T, k]
+        (int32/int64); with ``shared_experts_input`` the shared expert's output on it is added (fused when it is
+        ``x`` itself), without it the shared expert is skipped (the engine runs it elsewhere)."""
+        mod = self._module(layer)
+        xp = self._pad(x)
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+        w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+        if not self.shared_intermediate_size or shared_experts_input is None:
+            out = mod.entry("modular_routed" if self.shared_intermediate_size else "modular")(xp, w, ids)
+        elif shared_experts_input is x:
+            out = mod.entry("modular")(xp, w, ids)
+        else:
+            out = mod.entry("modular_routed")(xp, w, ids) + mod.entry("shared")(self._pad(shared_experts_input))
+        return self._unpad(out)
+
+    def apply_monolithic(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Monolithic: ``x`` [T, H] and the router's logits [T, E_global]; the routing runs inside."""
+        return self._unpad(self._module(layer).entry("monolithic")(self._pad(x), router_logits))
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _module(self, layer: nn.Module):
+        mod = getattr(layer, "_mxmoe_module", None)
+        if mod is None:
+            raise RuntimeError("Mxfp4MoEMethod: call process_weights_after_loading(layer) before apply")
+        return mod
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"Mxfp4MoEMethod: hidden states must be [T, {self.hidden_size}], got {tuple(x.shape)}")
+        if self.hidden_padded == self.hidden_size:
+            return x
+        return torch.nn.functional.pad(x, (0, self.hidden_padded - self.hidden_size))
+
+    def _unpad(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.hidden_padded == self.hidden_size else y[:, : self.hidden_size]
