@@ -1,0 +1,106 @@
+"""The routing contract (docs/routing.md) on the reference and the cpu target: exact ties go to the lower expert
+index, logits one ulp apart are told apart, a token's routing does not depend on the batch it runs in, and the
+same input gives the same bits twice.
+
+Router rows are built so that each token's logits are exact (a one-hot token of a power of two times bf16 router
+weights, no router bias): the k-th and (k+1)-th logits of a token are then exactly equal, or exactly one bf16 ulp
+apart, whatever order an implementation sums in. Experts are made far apart in what they compute, so a wrong pick
+is an error of the output's own size, not a rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mxmoe
+from mxmoe.core.config import MoEConfig
+from mxmoe.core.weights import MoEWeights
+from mxmoe.torch_frontend import MoE
+
+H = 64
+
+
+def _tied_layer(num_experts: int, top_k: int, tokens: int, gap_ulps: int, routing: str, seed: int):
+    """(layer, x, expected ids): token t is one-hot at h = t (value 2^(t % 3)); router column t gives experts
+    ``a < b`` the k-th largest logit, equal (``gap_ulps=0``) or ``b``'s one bf16 ulp above (``gap_ulps=1``)."""
+    if tokens > H:
+        raise ValueError("one router column per token: at most H tokens")
+    rng = np.random.default_rng(seed)
+    cfg = MoEConfig(num_experts=num_experts, top_k=top_k, hidden=H, intermediate=64, routing=routing,
+                    router_bias=False, activation="silu", interleaved=False)
+    w = MoEWeights.random(cfg, seed=seed)
+    router = np.zeros((num_experts, H), np.float32)
+    x = torch.zeros(tokens, H)
+    expected = []
+    for t in range(tokens):
+        order = rng.permutation(num_experts)
+        a, b = sorted(order[top_k - 1: top_k + 1])      # the pair competing for the k-th place
+        top = [int(e) for e in order[: top_k + 1] if e not in (a, b)]
+        col = -4.0 - rng.integers(0, 8, num_experts).astype(np.float32)  # the rest: low (bf16 values)
+        col[top] = 8.0 - np.arange(len(top), dtype=np.float32)         # clear winners
+        col[a] = 1.2265625                                 # a bf16 value (the issue's tie)
+        col[b] = 1.2265625 + gap_ulps * 2.0 ** -7          # one bf16 ulp above (values in [1, 2))
+        router[:, t] = col
+        x[t, t] = 2.0 ** (t % 3)                           # exact products: logits are 2^(t%3) * col
+        expected.append(sorted(top + [int(b if gap_ulps else a)]))
+    w.router_weight = router
+    return MoE(w), x.bfloat16(), expected
+
+
+@pytest.mark.parametrize("routing", ["topk_softmax", "softmax_topk"])
+@pytest.mark.parametrize("gap_ulps", [0, 1])
+def test_reference_ties_to_the_lower_index_and_sees_one_ulp(routing, gap_ulps):
+    layer, x, expected = _tied_layer(16, 3, 40, gap_ulps, routing, seed=1)
+    _, weights = layer.forward_with_routing(x)
+    logits = torch.nn.functional.linear(x, layer.router_weight)
+    from mxmoe.torch_frontend import ops
+
+    _, ids = ops.route(logits, 3, routing, False)
+    for t, want in enumerate(expected):
+        assert sorted(ids[t].tolist()) == sorted(want), (t, ids[t].tolist(), want)
+
+
+@pytest.fixture(scope="module")
+def compiled_tied():
+    out = {}
+    for gap in (0, 1):
+        layer, x, expected = _tied_layer(16, 3, 64, gap, "topk_softmax", seed=2)
+        out[gap] = (layer, x, expected, mxmoe.compile(layer, target="cpu"))
+    return out
+
+
+@pytest.mark.parametrize("gap_ulps", [0, 1])
+@pytest.mark.parametrize("tokens", [1, 5, 64])
+def test_cpu_target_follows_the_contract_at_every_token_count(compiled_tied, gap_ulps, tokens):
+    """Forced ties and one-ulp gaps at token counts of every kernel form; a wrong pick would be an O(1) error."""
+    layer, x, _, cm = compiled_tied[gap_ulps]
+    xs = x[:tokens]
+    ref = layer(xs).float()
+    out = cm(xs).float()
+    err = (out - ref).abs().max() / ref.abs().max()
+    assert err < 2e-2, f"{tokens} tokens, gap {gap_ulps}: {err}"
+
+
+def test_cpu_routing_is_batch_invariant_and_deterministic(compiled_tied):
+    """A token's output in a batch of 64 is the one it gets alone (the expert choice, and here the bits), and the
+    same input gives the same bits twice."""
+    layer, x, _, cm = compiled_tied[0]
+    batch = cm(x)
+    assert torch.equal(batch, cm(x))
+    for t in (0, 7, 33, 63):
+        assert torch.equal(cm(x[t: t + 1])[0], batch[t]), t
+
+
+def test_random_routers_route_like_the_reference_except_within_a_rounding(near_tie_tokens):
+    """Random data: tokens whose k-th and (k+1)-th logits are more than the contract's rounding apart get the
+    reference's experts (checked through the output); near ties may legitimately pick the other one."""
+    layer = MoE.random(MoEConfig(num_experts=32, top_k=4, hidden=H, intermediate=64), seed=5)
+    cm = mxmoe.compile(layer, target="cpu")
+    x = torch.randn(300, H, generator=torch.Generator().manual_seed(6)).bfloat16()
+    logits = torch.nn.functional.linear(x, layer.router_weight, layer.router_bias)
+    free = ~near_tie_tokens(logits, 4)
+    ref, out = layer(x).float(), cm(x).float()
+    err = (out - ref).abs().max(dim=-1).values / ref.abs().max()
+    assert (err[free] < 2e-2).all(), err[free].max()
