@@ -1,0 +1,343 @@
+"""Expert- and tensor-parallel MoE layers over ``torch.distributed`` (NCCL on GPUs, gloo on CPUs).
+
+``shard(layer, mode, group)`` returns this rank's part of an mxmoe ``MoE`` layer as a module whose forward takes
+this rank's tokens and returns the full layer output for them; the collectives are inside. Every mode is the same
+computation with a different cut of the weights (docs/distributed.md):
+
+* each rank routes its own tokens (the router is replicated), so a token's experts follow the routing contract
+  whatever rank it is on;
+* **ep** (expert parallel): rank ``r`` holds a contiguous block of the experts (its ``expert_map`` sends the others'
+  ids to -1, which contribute nothing); **tp** (tensor parallel): every rank holds a 1/tp slice of every expert's
+  intermediate dimension (gate/up rows and the matching w2 columns; w2's bias on the first slice only);
+  **ep+tp**: both at once, ``rank = ep_rank * tp + tp_rank``;
+* the exchange: ``allgather`` (default, and the only one for tp > 1): the tokens and their routing are gathered
+  from all ranks, each rank computes its experts' (or slices') partial outputs for all of them, and a
+  reduce-scatter sums the partials back to the rank that owns each token; ``all_to_all`` (ep only): a token is
+  sent only to the ranks that hold one of its experts, and the partial outputs come back the same way;
+* the shared expert (if any) runs once per token, on the rank that owns it.
+
+Partial outputs cross the wire in fp32 and are summed in rank order, so the result is deterministic; it differs
+from the single-process layer by the rounding of each rank's partial to the activation dtype (a few ulps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mxmoe.core.config import MXFP4_BLOCK
+from mxmoe.core.weights import MoEWeights
+from mxmoe.torch_frontend import ops
+from mxmoe.torch_frontend.moe import MoE
+
+#: torch >= 2.12 calls it all_gather_single (all_gather_into_tensor warns there); the GPU machines run 2.11
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+__all__ = ["ShardSpec", "ShardedMoE", "shard", "DistributedError", "DEFAULT_TIMEOUT"]
+
+#: how long a collective may wait for the other ranks before it fails (a rank that died or hangs): the process
+#: group's own timeout, which ``torch.distributed.init_process_group(timeout=...)`` sets; this is what mxmoe's
+#: tests and benchmark use
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+class DistributedError(RuntimeError):
+    """Ranks disagree on the layer or its sharding, or a collective failed (a rank died or timed out)."""
+
+
+# ============================================================================================ the cut
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a layer is cut over ``ep * tp`` ranks, and which part is ``rank``'s."""
+
+    ep: int
+    tp: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        if self.ep < 1 or self.tp < 1:
+            raise ValueError(f"shard: ep and tp must be >= 1, got ep={self.ep}, tp={self.tp}")
+        if not 0 <= self.rank < self.ep * self.tp:
+            raise ValueError(f"shard: rank {self.rank} is outside 0..{self.ep * self.tp - 1}")
+
+    @property
+    def ep_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    def experts(self, num_experts: int) -> range:
+        """The global expert ids this rank holds: contiguous blocks, the first ``E % ep`` ranks one more."""
+        base, extra = divmod(num_experts, self.ep)
+        start = self.ep_rank * base + min(self.ep_rank, extra)
+        return range(start, start + base + (self.ep_rank < extra))
+
+    def intermediate(self, intermediate: int) -> range:
+        """This rank's slice of each expert's intermediate dimension."""
+        if intermediate % (self.tp * MXFP4_BLOCK):
+            raise ValueError(f"shard: tp={self.tp} needs the intermediate size ({intermediate}) to be a multiple of "
+                             f"tp x {MXFP4_BLOCK} = {self.tp * MXFP4_BLOCK} (each slice whole MXFP4 blocks)")
+        size = intermediate // self.tp
+        return range(self.tp_rank * size, (self.tp_rank + 1) * size)
+
+
+def parse_mode(mode, world: int) -> tuple[int, int]:
+    """(ep, tp) from ``"ep"``, ``"tp"``, ``"ep+tp"`` (needs a dict) or ``{"ep": a, "tp": b}`` over ``world`` ranks."""
+    if isinstance(mode, dict):
+        unknown = set(mode) - {"ep", "tp"}
+        if unknown:
+            raise ValueError(f"shard: unknown mode keys {sorted(unknown)} (use 'ep' and 'tp')")
+        ep, tp = int(mode.get("ep", 1)), int(mode.get("tp", 1))
+    elif mode == "ep":
+        ep, tp = world, 1
+    elif mode == "tp":
+        ep, tp = 1, world
+    elif mode == "ep+tp":
+        raise ValueError('shard: mode "ep+tp" needs the split, e.g. {"ep": 4, "tp": 2}')
+    else:
+        raise ValueError(f"shard: mode must be 'ep', 'tp' or {{'ep': a, 'tp': b}}, got {mode!r}")
+    if ep * tp != world:
+        raise ValueError(f"shard: ep x tp = {ep} x {tp} = {ep * tp} ranks, but the group has {world}")
+    return ep, tp
+
+
+def shard_weights(w: MoEWeights, spec: ShardSpec) -> MoEWeights:
+    """This rank's weights: its experts (an expert map from global ids), its slice of each one's intermediate
+    dimension (w2's bias on the first slice only), the router and the shared expert whole."""
+    cfg = w.config
+    if cfg.expert_parallel:
+        raise ValueError("shard: the layer is already a shard (it has an expert map); shard the whole layer")
+    experts = np.asarray(spec.experts(cfg.num_experts))
+    if len(experts) == 0:
+        raise ValueError(f"shard: ep={spec.ep} leaves rank {spec.rank} without experts ({cfg.num_experts} in all)")
+    sl = spec.intermediate(cfg.intermediate)
+    i0, i1, size = sl.start, sl.stop, len(sl)
+    if cfg.interleaved:  # gate/up rows in pairs
+        rows = np.arange(2 * i0, 2 * i1)
+    else:  # gate half, then up half
+        rows = np.concatenate([np.arange(i0, i1), cfg.intermediate + np.arange(i0, i1)])
+    expert_map = np.full(cfg.num_experts, -1, np.int32)
+    expert_map[experts] = np.arange(len(experts), dtype=np.int32)
+    first = spec.tp_rank == 0
+    w13_bias = None if w.w13_bias is None else w.w13_bias[experts][:, rows]
+    w2_bias = None if w.w2_bias is None else (w.w2_bias[experts] if first else np.zeros_like(w.w2_bias[experts]))
+    local = cfg.replace(num_experts=len(experts), intermediate=size, global_num_experts=cfg.num_experts)
+    return MoEWeights(
+        local, w.router_weight, w.router_bias,
+        w13=w.w13[experts][:, rows], w13_scale=w.w13_scale[experts][:, rows], w13_bias=w13_bias,
+        w2=w.w2[experts][:, :, i0 // 2: i1 // 2], w2_scale=w.w2_scale[experts][:, :, i0 // MXFP4_BLOCK: i1 // MXFP4_BLOCK],
+        w2_bias=w2_bias, expert_map=expert_map, shared_w13=w.shared_w13, shared_w13_scale=w.shared_w13_scale,
+        shared_w2=w.shared_w2, shared_w2_scale=w.shared_w2_scale, shared_gate_weight=w.shared_gate_weight)
+
+
+# ============================================================================================ the module
+
+class ShardedMoE(nn.Module):
+    """This rank's part of an MoE layer; ``forward(x)`` takes this rank's tokens and returns the layer's output for
+    them (every rank of the group must call it, with its own tokens: 0 tokens is fine)."""
+
+    def __init__(self, layer: MoE, spec: ShardSpec, group=None, dispatch: str = "auto"):
+        super().__init__()
+        if dispatch not in ("auto", "allgather", "all_to_all"):
+            raise ValueError(f"shard: dispatch must be 'auto', 'allgather' or 'all_to_all', got {dispatch!r}")
+        if dispatch == "all_to_all" and spec.tp > 1:
+            raise ValueError("shard: dispatch 'all_to_all' sends tokens to the ranks of their experts (ep only); "
+                             "with tp > 1 every rank needs every token: use 'allgather'")
+        if not layer.config.router:
+            raise ValueError("shard: the layer needs its own router (each rank routes its tokens)")
+        self.spec, self.group, self.dispatch = spec, group, dispatch
+        self.config = layer.config
+        self.local = MoE(shard_weights(layer.to_weights(), spec), dtype=layer.dtype)
+        self._compiled = None
+        #: what this rank did: bytes handed to collectives and received, their time, token rows its experts ran
+        self.stats = {"bytes_sent": 0, "bytes_received": 0, "collective_s": 0.0, "expert_rows": 0}
+
+    def extra_repr(self) -> str:
+        return (f"ep={self.spec.ep}, tp={self.spec.tp}, rank={self.spec.rank}, "
+                f"experts={list(self.spec.experts(self.config.num_experts))[:4]}..., dispatch={self.dispatch}")
+
+    # ---------------------------------------------------------------------------------- compile
+    def compile(self, target="cpu", **options) -> "ShardedMoE":
+        """Compile this rank's experts (and shared expert) with mxmoe for ``target``; the collectives stay in torch."""
+        import mxmoe
+
+        entries = ["modular_routed", "shared"] if self.config.shared_intermediate else ["modular"]
+        self._compiled = mxmoe.compile(self.local, target=target, entries=entries, **options)
+        return self
+
+    def _experts(self, x, weights, ids):
+        """This rank's experts' partial output (no shared expert) for tokens with global ``ids``."""
+        self.stats["expert_rows"] += x.shape[0]
+        if x.shape[0] == 0:
+            return x.new_zeros(x.shape)
+        if self._compiled is not None:
+            name = "modular_routed" if self.config.shared_intermediate else "modular"
+            return self._compiled.entry(name)(x, weights, ids.to(torch.int32))
+        return self.local.modular(x, weights, ids, shared=False)
+
+    def _shared(self, x):
+        if not self.config.shared_intermediate or x.shape[0] == 0:
+            return None
+        if self._compiled is not None:
+            return self._compiled.entry("shared")(x)
+        return self.local._shared_expert(x)
+
+    # ---------------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        tokens = self.local._tokens(x)
+        logits = F.linear(tokens, self.local.router_weight, self.local.router_bias)
+        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        counts = self._all_gather_counts(tokens.shape[0])
+        use_a2a = self.dispatch == "all_to_all" or (self.dispatch == "auto" and self.spec.tp == 1
+                                                    and self.spec.ep > 1 and sum(counts) >= 512)
+        if use_a2a:
+            out = self._forward_all_to_all(tokens, weights, ids)
+        else:
+            out = self._forward_allgather(tokens, weights, ids, counts)
+        shared = self._shared(tokens)
+        if shared is not None:
+            out = out + shared.float()
+        return out.to(x.dtype).reshape(x.shape)
+
+    def _forward_allgather(self, tokens, weights, ids, counts: list[int]) -> torch.Tensor:
+        """Every rank computes its part for all tokens; a reduce-scatter sums the partials back to their owners."""
+        world, most = len(counts), max(counts)
+        if most == 0:
+            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+        x_all = self._all_gather_padded(tokens, most)
+        w_all = self._all_gather_padded(weights, most)
+        ids_all = self._all_gather_padded(ids.to(torch.int32), most, fill=-1)
+        rows = torch.cat([torch.arange(r * most, r * most + counts[r]) for r in range(world)])
+        partial = torch.zeros(world * most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
+        partial[rows] = self._experts(x_all[rows], w_all[rows], ids_all[rows]).float()
+        mine = torch.empty(most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
+        self._collective("reduce_scatter", lambda: dist.reduce_scatter_tensor(mine, partial, group=self.group),
+                         partial.numel() * 4, mine.numel() * 4 * world)
+        return mine[: tokens.shape[0]]
+
+    def _forward_all_to_all(self, tokens, weights, ids) -> torch.Tensor:
+        """Each token goes only to the ranks holding one of its experts (its other ids masked to -1 there); the
+        partial outputs come back the same way and are summed in rank order."""
+        world = self.spec.ep
+        owner = torch.tensor([self._owner(e) for e in range(self.config.num_experts)], device=ids.device)
+        dest_of_slot = owner[ids.long()]                                   # [T, k]
+        send_idx, send_ids, counts = [], [], []
+        for r in range(world):
+            hit = (dest_of_slot == r)
+            tok = torch.nonzero(hit.any(dim=1)).flatten()
+            send_idx.append(tok)
+            send_ids.append(torch.where(hit[tok], ids[tok], torch.full_like(ids[tok], -1)))
+            counts.append(len(tok))
+        recv_counts = self._all_to_all_counts(counts)
+        x_recv = self._all_to_all(torch.cat([tokens[i] for i in send_idx]), counts, recv_counts)
+        w_recv = self._all_to_all(torch.cat([weights[i] for i in send_idx]), counts, recv_counts)
+        ids_recv = self._all_to_all(torch.cat(send_ids).to(torch.int32), counts, recv_counts)
+        y = self._experts(x_recv, w_recv, ids_recv).float()
+        y_back = self._all_to_all(y, recv_counts, counts)
+        out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+        at = 0
+        for r in range(world):  # rank order: deterministic
+            n = counts[r]
+            out.index_add_(0, send_idx[r], y_back[at: at + n])
+            at += n
+        return out
+
+    def _owner(self, expert: int) -> int:
+        for r in range(self.spec.ep):
+            if expert in ShardSpec(self.spec.ep, 1, r).experts(self.config.num_experts):
+                return r
+        raise AssertionError(expert)
+
+    # ---------------------------------------------------------------------------------- collectives
+    def _collective(self, what: str, fn, sent: int, received: int):
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            out = fn()
+        except RuntimeError as e:
+            raise DistributedError(f"rank {self.spec.rank}: {what} failed ({str(e).splitlines()[0][:200]}); a rank "
+                                   "died, hung or left the group (the process group's timeout bounds the wait)") from e
+        self.stats["collective_s"] += time.perf_counter() - t0
+        self.stats["bytes_sent"] += sent
+        self.stats["bytes_received"] += received
+        return out
+
+    def _all_gather_counts(self, n: int) -> list[int]:
+        world = self.spec.ep * self.spec.tp
+        out = torch.zeros(world, dtype=torch.int64)
+        self._collective("all_gather (token counts)",
+                         lambda: _all_gather(out, torch.tensor([n], dtype=torch.int64), group=self.group),
+                         8, 8 * world)
+        return out.tolist()
+
+    def _all_gather_padded(self, t: torch.Tensor, most: int, fill=0) -> torch.Tensor:
+        world = self.spec.ep * self.spec.tp
+        pad = torch.full((most - t.shape[0], *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
+        src = torch.cat([t, pad]).contiguous()
+        out = torch.empty((world * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        self._collective("all_gather", lambda: _all_gather(out, src, group=self.group),
+                         src.numel() * src.element_size(), out.numel() * out.element_size())
+        return out
+
+    def _all_to_all_counts(self, counts: list[int]) -> list[int]:
+        send = torch.tensor(counts, dtype=torch.int64)
+        recv = torch.empty_like(send)
+        self._collective("all_to_all (counts)", lambda: dist.all_to_all_single(recv, send, group=self.group),
+                         send.numel() * 8, recv.numel() * 8)
+        return recv.tolist()
+
+    def _all_to_all(self, t: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        out = torch.empty((sum(recv_counts), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        self._collective("all_to_all", lambda: dist.all_to_all_single(
+            out, t.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts, group=self.group),
+            t.numel() * t.element_size(), out.numel() * out.element_size())
+        return out
+
+
+# ============================================================================================ entry point
+
+def fingerprint(layer: MoE, ep: int, tp: int) -> str:
+    """What every rank must agree on: the layer's config and weights' digest, and the cut."""
+    h = hashlib.sha256(json.dumps({"config": dataclasses.asdict(layer.config), "ep": ep, "tp": tp,
+                                   "dtype": str(layer.dtype)}, sort_keys=True).encode())
+    for name, b in sorted(layer.named_buffers()):
+        h.update(name.encode())
+        h.update(b.detach().cpu().contiguous().view(torch.uint8).numpy()[:4096].tobytes())  # a cheap sample
+    return h.hexdigest()[:16]
+
+
+def shard(layer: MoE, mode: Any = "ep", group=None, *, dispatch: str = "auto") -> ShardedMoE:
+    """This rank's part of ``layer`` (see the module docstring). Every rank of ``group`` (default: the world) must
+    call it with the same layer; ranks that disagree on the layer or the cut get a :class:`DistributedError`."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise DistributedError("shard: torch.distributed is not initialized (call init_process_group first)")
+    if not isinstance(layer, MoE):
+        raise TypeError(f"shard: expected an mxmoe MoE layer, got {type(layer).__name__}")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    ep, tp = parse_mode(mode, world)
+    mine = fingerprint(layer, ep, tp)
+    everyone: list[Any] = [None] * world
+    try:
+        dist.all_gather_object(everyone, mine, group=group)
+    except RuntimeError as e:
+        raise DistributedError(f"rank {rank}: could not agree with the other ranks ({str(e).splitlines()[0][:200]})") from e
+    if len(set(everyone)) != 1:
+        odd = [r for r, f in enumerate(everyone) if f != everyone[0]]
+        raise DistributedError(f"rank {rank}: ranks disagree on the layer or its sharding (ranks {odd} differ from "
+                               "rank 0): shard the same layer with the same mode on every rank")
+    return ShardedMoE(layer, ShardSpec(ep, tp, rank), group, dispatch)
