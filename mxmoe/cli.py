@@ -130,13 +130,10 @@ def _load_source(args):
         desc = {"kind": "hf-gpt-oss", "path": str(p.resolve()), "layers": layers}
         return layer, None, desc, {"path": p.resolve(), "layers": layers}
     if src.endswith(".pt2") or p.is_file():
-        if not p.exists():
-            raise CliError(f"{p}: no such file")
+        from mxmoe.torch_frontend import load_program
+
         with _Step(f"loading exported program {p}", args.quiet):
-            try:
-                ep = torch.export.load(str(p))
-            except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
-                raise CliError(f"{p}: not a loadable torch.export program (.pt2): {_first_line(e)}") from None
+            ep = load_program(p)
         return ep, None, {"kind": "exported-program", "path": str(p.resolve())}, None
     if ":" in src:
         mod_name, _, fn_name = src.partition(":")
@@ -383,7 +380,9 @@ def _reference(args, mod, art, inputs):
     if args.reference:
         import torch
 
-        ep = torch.export.load(args.reference)
+        from mxmoe.torch_frontend import load_program
+
+        ep = load_program(args.reference)
         targs = []
         for a, s in zip(inputs, mod.inputs):
             t = torch.from_numpy(np.asarray(a, dtype=np.float32))
