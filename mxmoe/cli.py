@@ -321,8 +321,8 @@ def cmd_run(args) -> int:
     from mxmoe.runtime import load
     from mxmoe.runtime.artifact import Artifact
 
-    if args.tokens < 1:
-        raise CliError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.tokens < 0:
+        raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
     art = Artifact(args.artifact)
     with _Step(f"loading {args.artifact} for {art.target['name']}", args.quiet):
         mod = load(args.artifact, device=args.device, weights=args.weights, weight_set=args.weight_set,
@@ -529,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and print the time; --check compares with the reference MoE computed from "
                                    "the artifact's own weights and exits 3 on a mismatch.")
     r.add_argument("artifact")
-    r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4)")
+    r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4; 0 is an empty "
+                                                                "batch)")
     r.add_argument("--input", help=".npy file with the input instead of random data")
     r.add_argument("--output", help="write the output to this .npy file (bfloat16 as float32)")
     r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees")

@@ -3,14 +3,20 @@
 Both call it the same way: inputs are checked against the entry signature, float inputs are converted to the
 entry's dtype, numpy in gives numpy out and torch in gives torch out. Code whose executor takes tensors itself
 (Triton: CUDA tensors stay on their device; any leading dims) gets them as they are and checks them itself.
+
+An empty batch (a first input with no elements: 0 tokens, as an expert-parallel rank without tokens sends) runs
+nothing: the outputs are empty arrays of the shapes ``mxmoe.core.signature.empty_outputs`` gives.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from mxmoe.core.bridge import to_torch
-from mxmoe.core.signature import TensorSpec, check_inputs
+import numpy as np
+
+from mxmoe.core.bridge import numpy_dtype, to_torch
+from mxmoe.core.signature import TensorSpec, check_inputs, empty_outputs
 
 
 class BoundModule:
@@ -31,12 +37,31 @@ class BoundModule:
             if len(args) != len(self.inputs):
                 want = ", ".join(s.describe() for s in self.inputs)
                 raise ValueError(f"expected {len(self.inputs)} input(s) ({want}), got {len(args)}")
+            if math.prod(args[0].shape) == 0:
+                self._check_trailing_dims(args[0].shape)
+                return self._unpack([to_torch(o, device=args[0].device) for o in self._empty(args[0].shape)])
             return self._executor(*args)  # it checks shapes itself ([..., H]: leading dims are flattened)
         arrays, any_torch = check_inputs(self.inputs, args)
-        outs = self._executor(*arrays)
+        outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._executor(*arrays)
         if any_torch:
             outs = [to_torch(o) for o in outs]
+        return self._unpack(outs)
+
+    @staticmethod
+    def _unpack(outs):
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _empty(self, shape) -> list[np.ndarray]:
+        return [np.zeros(s, numpy_dtype(o.dtype)) for s, o in zip(empty_outputs(self.inputs, self.outputs, shape),
+                                                                   self.outputs)]
+
+    def _check_trailing_dims(self, shape) -> None:
+        """The static dims a tensor-taking executor would have checked ([..., H]: any leading dims)."""
+        spec = self.inputs[0]
+        static = tuple(d for d in spec.shape if d is not None)
+        if len(shape) < len(spec.shape) or tuple(shape[len(shape) - len(static):]) != static:
+            raise ValueError(f"input '{spec.name}': expected [..., {', '.join(map(str, static))}] "
+                             f"({spec.describe()}), got shape {tuple(shape)}")
 
     def __repr__(self) -> str:
         sig = ", ".join(s.describe() for s in self.inputs)

@@ -21,7 +21,10 @@ What the backend does with each FX graph dynamo hands it:
 
 Errors while compiling a region leave that region's original ops in the graph (they run their eager
 reference implementations) and emit one :class:`MxmoeFallbackWarning` per distinct region saying why;
-``fallback="raise"`` (backend option, or ``MXMOE_FALLBACK=raise``) raises :class:`MxmoeCompileError`.
+``fallback="raise"`` (backend option, or ``MXMOE_FALLBACK=raise``) raises :class:`MxmoeCompileError`. Weights a
+compiled region cannot bind (a module that does not load) run the original ops until they change, with the
+same warning. A call that fails (a bad input) is that call's error, raised to its caller: it never demotes the
+region. An empty batch (0 tokens) returns an empty output without running anything.
 
 Options (``torch.compile(m, backend="mxmoe", options={...})``; environment variable in brackets):
 ``fallback`` "warn"|"raise" [MXMOE_FALLBACK], ``rest`` "inductor"|"eager" [MXMOE_REST],
@@ -120,8 +123,8 @@ _lock = threading.RLock()
 #: key -> _Compiled (vmfb + signature; holds no weights); key -> reason for regions that failed to compile
 _MEMORY: dict[str, "_Compiled"] = {}
 _FAILED: dict[str, str] = {}
-#: key -> reason, for compiled regions that failed when bound or run (they run their original ops since)
-_RUN_FAILED: dict[str, str] = {}
+#: (key, reason) of compiled regions whose weights could not be bound (said once each)
+_BIND_FAILED: set[tuple[str, str]] = set()
 _warned_rest: set[str] = set()
 
 
@@ -130,7 +133,7 @@ def reset() -> None:
     with _lock:
         _MEMORY.clear()
         _FAILED.clear()
-        _RUN_FAILED.clear()
+        _BIND_FAILED.clear()
         _warned_rest.clear()
         stats.reset()
 
@@ -434,26 +437,35 @@ class _Region:
         return list(self.sub(*args))
 
     def __call__(self, args: list) -> list:
-        if self.key in _RUN_FAILED:
-            return list(self.sub(*args))
         ws = {i: args[i] for i in self.weight_pos}
         ident = tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device) for t in ws.values())
+        if self._bound is None or self._bound[0] != ident:
+            self._bound = (ident, self._bind(ws))
+        run = self._bound[1]
+        if run is None:  # these weights could not be bound: the original ops run until the weights change
+            return list(self.sub(*args))
+        # A call that fails (a bad input) is that call's error, raised to the caller; the region stays compiled.
+        return run(*(args[i] for i in self.act_pos))
+
+    def _bind(self, ws: dict) -> Optional[Callable]:
+        """The compiled module with these weights bound, or None (after one warning per region and reason) when
+        they cannot be (a module that does not load)."""
         try:
-            if self._bound is None or self._bound[0] != ident:
-                self._bound = (ident, self.compiled.bind(ws))
-                stats.binds += 1
-            return self._bound[1](*(args[i] for i in self.act_pos))
-        except Exception as e:  # a run-time failure of the compiled module: same policy as a compile failure
+            run = self.compiled.bind(ws)
+        except Exception as e:
             if self.opts.fallback == "raise":
-                raise MxmoeCompileError(f"mxmoe: compiled MoE region failed at run time ({_one_line(e)})") from e
+                raise MxmoeCompileError(f"mxmoe: cannot bind the weights of a compiled MoE region "
+                                        f"({_one_line(e)})") from e
             stats.fallbacks += 1
             with _lock:
-                first = self.key not in _RUN_FAILED
-                _RUN_FAILED[self.key] = _one_line(e)
+                first = (self.key, _one_line(e)) not in _BIND_FAILED
+                _BIND_FAILED.add((self.key, _one_line(e)))
             if first:
-                warnings.warn(f"mxmoe: compiled MoE region failed at run time ({_one_line(e)}); "
-                              "running the original ops from now on", MxmoeFallbackWarning, stacklevel=2)
-            return list(self.sub(*args))
+                warnings.warn(f"mxmoe: cannot bind the weights of a compiled MoE region ({_one_line(e)}); running "
+                              "its original ops until they change", MxmoeFallbackWarning, stacklevel=3)
+            return None
+        stats.binds += 1
+        return run
 
 
 def _instance(handle: int, key: str) -> _Region:

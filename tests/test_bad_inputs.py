@@ -1,0 +1,76 @@
+"""The catalogue of bad inputs: each thing a user gave mxmoe that once went wrong, and what it must get now (one
+line naming the cause, or the behaviour docs/user-guide.md promises under "Failure behaviour"). The next bad input
+goes here, under its area.
+
+CLI cases run the installed ``mxmoe`` command in a subprocess (the ``mxmoe_cli`` fixture), as users do; Python
+cases call the API. torch.compile cases live with the backend's tests (tests/torch_frontend/test_backend.py,
+"bad calls and bad weights"), which share its fixtures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mxmoe
+from mxmoe.core.reference import numpy_reference
+from mxmoe.core.signature import TensorSpec
+from mxmoe.runtime import load
+from mxmoe.runtime.module import BoundModule
+from mxmoe.torch_frontend import MoE
+
+TINY = mxmoe.preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("bad")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The tiny layer compiled for the cpu (its ``model`` record names the layer's weights)."""
+    return mxmoe.compile(MoE.random("tiny", seed=4), target="cpu")
+
+
+@pytest.fixture(scope="module")
+def art(compiled, work):
+    compiled.save(work / "tiny.mxmoe")
+    return work / "tiny.mxmoe"
+
+
+# ======================================================================= empty batches
+
+def test_an_empty_batch_returns_an_empty_output_everywhere(art, compiled):
+    """0 tokens (an expert-parallel rank without tokens) is a valid call of every path, and runs nothing."""
+    layer = MoE.random("tiny", seed=4)
+    mod = load(art)
+    y = mod(np.zeros((0, 64), np.float32))
+    assert isinstance(y, np.ndarray) and y.shape == (0, 64) and y.dtype.name == "bfloat16"
+    t = mod(torch.zeros(0, 64))
+    assert isinstance(t, torch.Tensor) and t.shape == (0, 64) and t.dtype == torch.bfloat16
+    assert compiled(torch.zeros(0, 64, dtype=torch.bfloat16)).shape == (0, 64)
+    assert layer(torch.zeros(0, 64, dtype=torch.bfloat16)).shape == (0, 64)       # the eager reference
+    assert layer(torch.zeros(3, 0, 64, dtype=torch.bfloat16)).shape == (3, 0, 64)
+    assert numpy_reference(layer.to_weights(), np.zeros((0, 64), np.float32), np.dtype(np.float32)).shape == (0, 64)
+    with pytest.raises(ValueError, match=r"input 'x': dim 1 must be 64"):
+        mod(np.zeros((0, 65), np.float32))  # empty, but still checked
+
+
+def test_an_empty_batch_does_not_reach_a_tensor_taking_executor():
+    """Triton code takes the tensors itself ([..., H], any leading dims); an empty batch never reaches it."""
+    def executor(*args):
+        raise AssertionError("the executor ran on an empty batch")
+
+    mod = BoundModule([TensorSpec("x", "bfloat16", (None, 64))], [TensorSpec("out0", "bfloat16", (None, 64))],
+                      executor, takes_tensors=True)
+    y = mod(torch.zeros(2, 0, 64, dtype=torch.bfloat16))
+    assert y.shape == (2, 0, 64) and y.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"input 'x': expected \[\.\.\., 64\]"):
+        mod(torch.zeros(0, 63))
+
+
+def test_run_an_empty_batch(mxmoe_cli, art):
+    r = mxmoe_cli("run", art, "--tokens", 0, "--check", "--numpy-reference")
+    assert r.rc == 0 and "(0 tokens)" in r.out and "output (0, 64) bfloat16" in r.out and "PASS" in r.out, r.out + r.err
