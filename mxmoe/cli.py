@@ -326,7 +326,7 @@ def cmd_run(args) -> int:
     art = Artifact(args.artifact)
     with _Step(f"loading {args.artifact} for {art.target['name']}", args.quiet):
         mod = load(args.artifact, device=args.device, weights=args.weights, weight_set=args.weight_set,
-                   layer=args.layer, verify=args.verify)
+                   layer=args.layer, verify=args.verify, copy=args.copy)
     if args.input:
         p = Path(args.input)
         if not p.is_file():
@@ -545,6 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (default 3)")
     r.add_argument("--seed", type=int, default=1, help="seed of the random input")
     r.add_argument("--verify", action="store_true", help="also check the weights' sha256 before running")
+    r.add_argument("--copy", action="store_true", help="read the weights into memory instead of mapping the file")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
 

@@ -25,8 +25,10 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import struct
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
@@ -146,34 +148,49 @@ class Artifact:
     ``memoryview`` into the mapping (no copy). Weight hashes are checked by ``verify()``, not at open
     (hashing gigabytes of weights at every load would cost more than loading them); small sections
     (compiled modules, kernel binaries) are checked when read with ``section_bytes``.
+
+    The file stays open, and the mapping is made from that same open file, so what is mapped is what was checked.
+    A mapping reads the file as it is now: ``check_unchanged()`` (one ``fstat``) refuses to go on once the file was
+    written to or truncated in place, which would otherwise change a running module's weights or kill the process
+    with SIGBUS. A file replaced by rename (how mxmoe writes artifacts) leaves this one's bytes as they were.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.exists():
-            raise ArtifactError(f"{self.path}: no such file")
-        if self.path.is_dir():
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO is refused below, not waited on
+        except FileNotFoundError:
+            raise ArtifactError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise ArtifactError(f"{self.path}: is a directory, not an mxmoe artifact") from None
+        except OSError as e:
+            raise ArtifactError(f"{self.path}: cannot open ({e.strerror})") from None
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
             raise ArtifactError(f"{self.path}: is a directory, not an mxmoe artifact")
-        self.size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            head = f.read(HEADER.size)
-            if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
-                raise ArtifactError(f"{self.path}: not an mxmoe artifact (bad magic bytes)")
-            if len(head) < HEADER.size:
-                raise ArtifactError(f"{self.path}: truncated artifact ({self.size} bytes, shorter than the header)")
-            _, version, _flags, moff, msize, mhash = HEADER.unpack(head)
-            if version > FORMAT_VERSION:
-                raise ArtifactError(f"{self.path}: artifact format version {version} is newer than this mxmoe "
-                                    f"({_version()}) reads (up to {FORMAT_VERSION}); upgrade mxmoe")
-            if version < 1:
-                raise ArtifactError(f"{self.path}: corrupt artifact (format version {version})")
-            if msize > _MAX_MANIFEST or moff < HEADER.size:
-                raise ArtifactError(f"{self.path}: corrupt artifact header (manifest at {moff}, {msize} bytes)")
-            if moff + msize > self.size:
-                raise ArtifactError(f"{self.path}: truncated artifact (manifest ends at byte {moff + msize}, "
-                                    f"file has {self.size})")
-            f.seek(moff)
-            blob = f.read(msize)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{self.path}: not a regular file, not an mxmoe artifact")
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        self.size = st.st_size
+        head = os.pread(fd, HEADER.size, 0)
+        if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
+            raise ArtifactError(f"{self.path}: not an mxmoe artifact (bad magic bytes)")
+        if len(head) < HEADER.size:
+            raise ArtifactError(f"{self.path}: truncated artifact ({self.size} bytes, shorter than the header)")
+        _, version, _flags, moff, msize, mhash = HEADER.unpack(head)
+        if version > FORMAT_VERSION:
+            raise ArtifactError(f"{self.path}: artifact format version {version} is newer than this mxmoe "
+                                f"({_version()}) reads (up to {FORMAT_VERSION}); upgrade mxmoe")
+        if version < 1:
+            raise ArtifactError(f"{self.path}: corrupt artifact (format version {version})")
+        if msize > _MAX_MANIFEST or moff < HEADER.size:
+            raise ArtifactError(f"{self.path}: corrupt artifact header (manifest at {moff}, {msize} bytes)")
+        if moff + msize > self.size:
+            raise ArtifactError(f"{self.path}: truncated artifact (manifest ends at byte {moff + msize}, "
+                                f"file has {self.size})")
+        blob = os.pread(fd, msize, moff)
         if hashlib.sha256(blob).digest() != mhash:
             raise ArtifactError(f"{self.path}: corrupt artifact (manifest checksum mismatch)")
         try:
@@ -185,6 +202,15 @@ class Artifact:
         self._validate()
         self._sections = {s["name"]: s for s in manifest["sections"]}
         self._mmap: mmap.mmap | None = None
+
+    def check_unchanged(self) -> None:
+        """ArtifactError if the file was written to or truncated since it was opened (one ``fstat``, ~1 us)."""
+        st = os.fstat(self._fd)
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            what = (f"now {st.st_size} bytes, was {self._stamp[0]}" if st.st_size != self._stamp[0]
+                    else "written to in place")
+            raise ArtifactError(f"{self.path}: the artifact changed on disk since it was loaded ({what}); "
+                                "load it again")
 
     # ---------------------------------------------------------------------------------- checks
     def _bad(self, what: str) -> ArtifactError:
@@ -242,13 +268,14 @@ class Artifact:
 
     def _map(self) -> mmap.mmap:
         if self._mmap is None:
-            with open(self.path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.check_unchanged()
+            self._mmap = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
         return self._mmap
 
     def section(self, name: str) -> memoryview:
         """A read-only view of a section's bytes inside the memory-mapped file (no copy)."""
         info = self.section_info(name)
+        self.check_unchanged()
         if info["size"] == 0:
             return memoryview(b"")
         return memoryview(self._map())[info["offset"]: info["offset"] + info["size"]]

@@ -9,6 +9,12 @@ cases call the API. torch.compile cases live with the backend's tests (tests/tor
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +22,8 @@ import torch
 import mxmoe
 from mxmoe.core.reference import numpy_reference
 from mxmoe.core.signature import TensorSpec
-from mxmoe.runtime import load
+from mxmoe.runtime import ArtifactError, load
+from mxmoe.runtime import artifact as A
 from mxmoe.runtime.module import BoundModule
 from mxmoe.torch_frontend import MoE
 
@@ -38,6 +45,10 @@ def compiled():
 def art(compiled, work):
     compiled.save(work / "tiny.mxmoe")
     return work / "tiny.mxmoe"
+
+
+def _x(tokens: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((tokens, TINY.hidden)).astype(np.float32)
 
 
 # ======================================================================= empty batches
@@ -74,3 +85,49 @@ def test_an_empty_batch_does_not_reach_a_tensor_taking_executor():
 def test_run_an_empty_batch(mxmoe_cli, art):
     r = mxmoe_cli("run", art, "--tokens", 0, "--check", "--numpy-reference")
     assert r.rc == 0 and "(0 tokens)" in r.out and "output (0, 64) bfloat16" in r.out and "PASS" in r.out, r.out + r.err
+
+
+# ======================================================================= artifacts: corrupt, changed, truncated
+
+def test_an_artifact_changed_in_place_refuses_to_run(art, work):
+    """Overwriting a loaded artifact in place used to change a running module's weights silently."""
+    p = work / "overwritten.mxmoe"
+    shutil.copy(art, p)
+    mapped, copied = load(p), load(p, copy=True)
+    x = _x(5)
+    before = np.asarray(mapped(x), np.float32)
+    info = A.Artifact(p).section_info("weights/default.irpa")
+    with open(p, "r+b") as f:
+        f.seek(info["offset"] + 1000)
+        f.write(bytes(4096))
+    with pytest.raises(ArtifactError, match=r"overwritten.mxmoe: the artifact changed on disk since it was loaded "
+                                            r"\(written to in place\); load it again$"):
+        mapped(x)
+    assert np.array_equal(np.asarray(copied(x), np.float32), before)  # copy=True: the file no longer matters
+
+
+def test_a_truncated_artifact_is_an_error_not_sigbus(art, work):
+    """Truncating a loaded artifact killed the process with SIGBUS (in a subprocess: that is what is tested)."""
+    p = work / "truncated_later.mxmoe"
+    shutil.copy(art, p)
+    script = textwrap.dedent(f"""
+        import os
+        import numpy as np
+        from mxmoe.runtime import ArtifactError, load
+        mapped, copied = load({str(p)!r}), load({str(p)!r}, copy=True)
+        x = np.ones((3, 64), np.float32)
+        before = np.asarray(copied(x), np.float32)
+        os.truncate({str(p)!r}, 70_000)  # into the weights
+        try:
+            mapped(x)
+            print("ran")
+        except ArtifactError as e:
+            print(e)
+        print("copy unchanged:", np.array_equal(np.asarray(copied(x), np.float32), before))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    lines = r.stdout.strip().splitlines()
+    size = os.path.getsize(art)
+    assert lines == [f"{p}: the artifact changed on disk since it was loaded (now 70000 bytes, was {size}); "
+                     "load it again", "copy unchanged: True"], r.stdout
