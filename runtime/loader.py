@@ -10,6 +10,7 @@ bounds); float32/bfloat16/float16 inputs are converted to the entry's float dtyp
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping
 
@@ -118,12 +119,27 @@ def _weights_for(art: Artifact, code, weights, weight_set, layer, verify, copy=F
         ws, info, view = _embedded_weight_section(art, weight_set, verify, copy)
         if info["kind"] != KIND_IRPA:
             raise ArtifactError(f"{art.path}: weight section {ws['section']!r} is {info['kind']}, expected {KIND_IRPA}")
-        try:
+        with _corrupt_section(art, ws["section"]):
             return irpa_index(view), ws["name"], not copy
-        except RuntimeError as e:
-            raise ArtifactError(f"{art.path}: corrupt weight archive {ws['section']!r} ({str(e).splitlines()[0]})") from None
     arrays, name = _parameter_arrays(art, weights, weight_set, layer, verify, copy)
     return arrays, name, embedded and not copy
+
+
+@contextmanager
+def _corrupt_section(art: Artifact, section: str):
+    """A weight section that does not parse becomes one line: its checksum mismatch when the bytes changed after
+    writing (IREE's parser raises ValueError, IndexError or RuntimeError), else what the parser said."""
+    try:
+        yield
+    except ArtifactError:
+        raise
+    except (ValueError, IndexError, RuntimeError) as e:
+        art.verify([section])
+        raise ArtifactError(f"{art.path}: corrupt weight section {section!r} ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify,
@@ -131,9 +147,10 @@ def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify,
     """Stored-form arrays by parameter name: from an embedded section or from external weights."""
     if weights is None and art.manifest["weights"].get("storage") == "embedded":
         ws, info, view = _embedded_weight_section(art, weight_set, verify, copy)
-        if info["kind"] == KIND_SAFETENSORS:
-            return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
-        return _irpa_arrays(art, view), ws["name"]
+        with _corrupt_section(art, ws["section"]):
+            if info["kind"] == KIND_SAFETENSORS:
+                return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
+            return _irpa_arrays(art, view), ws["name"]
     src, set_name = _external_source(art, weights, weight_set, layer)
     raw = raw_weights(art, src)
     return stored_parameters(art.manifest, raw), set_name
@@ -206,7 +223,7 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
 
 def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw logical arrays -> the stored arrays the compiled module reads (dtype cast, padding, layout),
-    exactly as the compiler stored them (``mxmoe.core.stored_form.StoredForm``).
+    exactly as the compiler stored them (``mxmoe.core.stored_form.StoredForm``, which also refuses NaN weights).
     The result is in memory: it never views the raw arrays, which may map checkpoint files."""
     missing = [p["name"] for p in manifest["parameters"] if p["name"] not in raw]
     if missing:

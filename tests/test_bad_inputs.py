@@ -20,9 +20,11 @@ import pytest
 import torch
 
 import mxmoe
+from mxmoe.core.checkpoint import read_safetensors, write_hf_gpt_oss, write_safetensors
 from mxmoe.core.reference import numpy_reference
 from mxmoe.core.signature import TensorSpec
-from mxmoe.runtime import ArtifactError, load
+from mxmoe.core.weights import MoEWeights
+from mxmoe.runtime import ArtifactError, WeightsError, load
 from mxmoe.runtime import artifact as A
 from mxmoe.runtime.module import BoundModule
 from mxmoe.torch_frontend import MoE
@@ -45,6 +47,30 @@ def compiled():
 def art(compiled, work):
     compiled.save(work / "tiny.mxmoe")
     return work / "tiny.mxmoe"
+
+
+@pytest.fixture(scope="module")
+def ckpt(work):
+    d = work / "ckpt"
+    write_hf_gpt_oss(d, {0: MoEWeights.random(TINY, seed=7)}, float_dtype="bfloat16")
+    return d
+
+
+@pytest.fixture(scope="module")
+def ext_art(compiled, work, ckpt):
+    """The tiny module with external weights (recorded source: layer 0 of ``ckpt``)."""
+    p = work / "ext.mxmoe"
+    compiled.save(p, weights="external",
+                  external_sources={"layer.0": {"kind": "hf-gpt-oss", "path": str(ckpt), "layer": 0}})
+    return p
+
+
+def _copy_with_flip(src, dst, section: str, at: int):
+    """``src`` copied to ``dst`` with one bit of byte ``at`` of ``section`` flipped."""
+    raw = bytearray(src.read_bytes())
+    raw[A.Artifact(src).section_info(section)["offset"] + at] ^= 0x01
+    dst.write_bytes(bytes(raw))
+    return dst
 
 
 def _x(tokens: int, seed: int = 0) -> np.ndarray:
@@ -89,6 +115,20 @@ def test_run_an_empty_batch(mxmoe_cli, art):
 
 # ======================================================================= artifacts: corrupt, changed, truncated
 
+def test_check_verifies_the_weights_it_compares(mxmoe_cli, art, work):
+    """A flipped weight byte reaches the module and the reference alike, so --check hashes the weights first."""
+    bad = _copy_with_flip(art, work / "flipped_weight.mxmoe", "weights/default.irpa", 40_000)
+    mxmoe_cli("run", bad, "--check").error("corrupt artifact", "section 'weights/default.irpa' checksum mismatch")
+    r = mxmoe_cli("run", art, "--check", "--copy", "--numpy-reference")
+    assert r.rc == 0 and "weights match their sha256" in r.out and "PASS" in r.out, r.out + r.err
+
+
+def test_a_flipped_byte_in_the_weight_archive_header_names_the_checksum(mxmoe_cli, art, work):
+    """IREE's parser raised an IndexError here, shown as "internal error"."""
+    bad = _copy_with_flip(art, work / "flipped_header.mxmoe", "weights/default.irpa", 40)
+    mxmoe_cli("run", bad).error("section 'weights/default.irpa' checksum mismatch")
+
+
 def test_an_artifact_changed_in_place_refuses_to_run(art, work):
     """Overwriting a loaded artifact in place used to change a running module's weights silently."""
     p = work / "overwritten.mxmoe"
@@ -131,3 +171,30 @@ def test_a_truncated_artifact_is_an_error_not_sigbus(art, work):
     size = os.path.getsize(art)
     assert lines == [f"{p}: the artifact changed on disk since it was loaded (now 70000 bytes, was {size}); "
                      "load it again", "copy unchanged: True"], r.stdout
+
+
+# ======================================================================= NaN weights
+
+def test_nan_router_weights_are_refused_at_compile_time():
+    """The compiled routing picked experts around a NaN logit (finite output) where the reference gives NaN."""
+    w = MoEWeights.random(TINY, seed=1)
+    w.router_weight[3, 17] = np.nan
+    with pytest.raises(ValueError, match=r"^weight 'router_weight' holds nan at index \[3, 17\]; mxmoe refuses NaN "
+                                         r"and infinite weights$"):
+        mxmoe.compile(MoE(w), target="cpu")
+
+
+def test_a_checkpoint_with_nan_scales_is_refused(mxmoe_cli, ckpt, ext_art, work):
+    """Scale byte 0xFF is NaN in E8M0: refused when compiling, and when binding external weights at load."""
+    bad = work / "ckpt_nan_scales"
+    bad.mkdir()
+    shutil.copy(ckpt / "config.json", bad / "config.json")
+    tensors = dict(read_safetensors(ckpt / "model.safetensors"))
+    tensors["model.layers.0.mlp.experts.down_proj_scales"] = np.full_like(
+        tensors["model.layers.0.mlp.experts.down_proj_scales"], 0xFF)
+    write_safetensors(bad / "model.safetensors", tensors)
+    mxmoe_cli("compile", bad, "--target", "cpu", "-o", work / "nan.mxmoe").error(
+        "weight 'w2_scale' holds the scale byte 0xFF (NaN in E8M0) at index [0, 0, 0]")
+    assert not (work / "nan.mxmoe").exists()
+    with pytest.raises(WeightsError, match=r"weight 'w2_scale' holds the scale byte 0xFF"):
+        load(ext_art, weights=bad, layer=0)

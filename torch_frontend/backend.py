@@ -22,7 +22,7 @@ What the backend does with each FX graph dynamo hands it:
 Errors while compiling a region leave that region's original ops in the graph (they run their eager
 reference implementations) and emit one :class:`MxmoeFallbackWarning` per distinct region saying why;
 ``fallback="raise"`` (backend option, or ``MXMOE_FALLBACK=raise``) raises :class:`MxmoeCompileError`. Weights a
-compiled region cannot bind (a module that does not load) run the original ops until they change, with the
+compiled region cannot bind (NaN weights, which mxmoe refuses) run the original ops until they change, with the
 same warning. A call that fails (a bad input) is that call's error, raised to its caller: it never demotes the
 region. An empty batch (0 tokens) returns an empty output without running anything.
 
@@ -338,13 +338,15 @@ class _Compiled:
         names = {int(k): v for k, v in m["source"]["param_names"].items()}
         return cls(key, template, names)
 
-    def bind(self, weights: dict[int, torch.Tensor]) -> Callable:
-        """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters."""
+    def bind(self, weights: dict[int, torch.Tensor], names: Optional[dict[int, str]] = None) -> Callable:
+        """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters; errors
+        name a weight by ``names[i]`` (the graph's name for region input ``i``)."""
         from mxmoe.compiler.parameters import store_parameters
 
         raw = {self.param_names[i]: to_numpy(t) for i, t in weights.items()}
         forms = self.template.stored_forms
-        stored = store_parameters(forms, raw) if forms else raw
+        labels = {self.param_names[i]: n for i, n in (names or {}).items()}
+        stored = store_parameters(forms, raw, labels) if forms else raw
         module = self.template.with_parameters(stored)
         module.bound()  # load now: a failure here is a binding failure, not a mid-run one
 
@@ -429,6 +431,8 @@ class _Region:
         self.key, self.sub, self.roles, self.compiled, self.opts = key, sub, roles, compiled, opts
         self.act_pos = [i for i, r in enumerate(roles) if r == "act"]
         self.weight_pos = [i for i, r in enumerate(roles) if r == "weight"]
+        inputs = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+        self.weight_names = {i: inputs[i] for i in self.weight_pos}  # e.g. l_self_modules_moe_buffers_w13_
         self.handle = next(_handles)
         self._bound: Optional[tuple] = None
         _INSTANCES[self.handle] = self
@@ -449,9 +453,9 @@ class _Region:
 
     def _bind(self, ws: dict) -> Optional[Callable]:
         """The compiled module with these weights bound, or None (after one warning per region and reason) when
-        they cannot be (a module that does not load)."""
+        they cannot be: e.g. NaN weights, which mxmoe refuses and the original ops propagate."""
         try:
-            run = self.compiled.bind(ws)
+            run = self.compiled.bind(ws, self.weight_names)
         except Exception as e:
             if self.opts.fallback == "raise":
                 raise MxmoeCompileError(f"mxmoe: cannot bind the weights of a compiled MoE region "

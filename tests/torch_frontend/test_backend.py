@@ -237,6 +237,26 @@ def test_weights_a_compiled_region_cannot_bind_run_its_original_ops(shared_cache
             torch.testing.assert_close(f(_x(9, seed=2)), m(_x(9, seed=2)), atol=0, rtol=0)
 
 
+def test_nan_weights_run_the_original_ops_until_they_change(shared_cache):
+    """mxmoe refuses NaN weights (its routing would not propagate them); the region runs the original ops, which
+    do, and goes back to the compiled module once the weights are finite again."""
+    m = MoE.random(CFG, seed=0)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    x = _x(6, seed=4)
+    with torch.no_grad():
+        good = f(x)
+        saved = m.router_weight[1, 2].clone()
+        m.router_weight[1, 2] = float("nan")
+        bad = r"weight 'l_self_buffers_router_weight_' holds nan at index \[1, 2\]"
+        with pytest.warns(B.MxmoeFallbackWarning, match=bad):
+            y = f(x)
+        assert y.isnan().any()
+        torch.testing.assert_close(y, m(x), atol=0, rtol=0, equal_nan=True)
+        m.router_weight[1, 2] = saved
+        torch.testing.assert_close(f(x), good, atol=0, rtol=0)
+    assert B.stats.binds == 2 and B.stats.fallbacks == 1, B.stats
+
+
 class NormMoE(nn.Module):
     """A LayerNorm and an MoE layer: the block of the empty-batch report."""
 
