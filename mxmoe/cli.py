@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from mxmoe.core._version import __version__
+from mxmoe.core.files import output_path, write_atomically
 
 EXIT_ERROR = 1       # the command could not do its job (bad input, missing file, corrupt artifact...)
 EXIT_MISMATCH = 3    # run --check: the compiled result disagrees with the reference
@@ -216,10 +218,7 @@ def cmd_compile(args) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     out = Path(args.output)
-    if out.is_dir():
-        raise CliError(f"{out}: is a directory; -o names the artifact file to write")
-    if not out.parent.exists():
-        raise CliError(f"{out.parent}: output directory does not exist")
+    output_path(out)  # a destination that cannot be written fails now, not after the compile
     if args.weights == "external" and not (args.source and Path(args.source).is_dir()):
         raise CliError("--weights external needs a checkpoint directory SOURCE (the runtime reads the weights from it)")
     t_all = time.perf_counter()
@@ -323,6 +322,8 @@ def cmd_run(args) -> int:
 
     if args.tokens < 0:
         raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
+    if args.output:
+        output_path(args.output)  # checked before the run, not after it
     art = Artifact(args.artifact)
     # --check verifies the weights it compares: a changed byte would otherwise reach the module and the reference alike
     verify = args.verify or args.check
@@ -357,7 +358,10 @@ def cmd_run(args) -> int:
         o = np.asarray(outs[0])
         if o.dtype.name == "bfloat16":  # .npy has no bfloat16: store the exact values as float32
             o = o.astype(np.float32)
-        np.save(args.output, o)
+        buf = io.BytesIO()
+        np.save(buf, o)  # in memory first: numpy's own file writes report a full disk without its errno
+        with write_atomically(args.output) as f:
+            f.write(buf.getbuffer())  # exactly the path given, no .npy appended
         print(f"  wrote {args.output} ({o.dtype})")
     if not args.check:
         return 0
@@ -536,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4; 0 is an empty "
                                                                 "batch)")
     r.add_argument("--input", help=".npy file with the input instead of random data")
-    r.add_argument("--output", help="write the output to this .npy file (bfloat16 as float32)")
+    r.add_argument("--output", help="write the output to this file, in .npy format (bfloat16 as float32)")
     r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees")
     r.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"--check tolerance (default {DEFAULT_TOL})")
     r.add_argument("--numpy-reference", action="store_true", help="--check with the numpy reference even if torch is installed")
@@ -587,9 +591,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _error_line(e: BaseException) -> str:
     msg = _first_line(e)
-    # ArtifactError and WeightsError are ValueErrors, TargetUnavailableError is checked by name (importing
-    # the runtime here could itself fail, and the error line must still print)
-    if isinstance(e, (CliError, ValueError, FileNotFoundError, NotImplementedError)):
+    # ArtifactError and WeightsError are ValueErrors, OutputError an OSError; TargetUnavailableError is checked by
+    # name (importing the runtime here could itself fail, and the error line must still print)
+    if isinstance(e, (CliError, ValueError, OSError, NotImplementedError)):  # OSError: e.g. no space left on device
         return msg
     if type(e).__name__ == "TargetUnavailableError":
         return msg

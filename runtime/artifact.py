@@ -36,6 +36,7 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype
+from mxmoe.core.files import OutputError, write_atomically
 from mxmoe.core.safetensors import SafetensorsView, write_tensors
 from mxmoe.runtime.code import KIND_CUBIN, KIND_IRPA, KIND_SAFETENSORS, KIND_VMFB, code_from_record, section_name  # noqa: F401
 
@@ -88,8 +89,9 @@ def write_artifact(path: str | os.PathLike, manifest: dict, sections: Iterable[S
                    progress: Callable[[str], None] | None = None) -> dict:
     """Write ``sections`` and ``manifest`` (sections' offsets/sizes/hashes are added) to ``path``.
 
-    The file is written beside ``path`` and renamed into place, so a reader never sees half a file.
-    Returns the manifest as written.
+    The file is written beside ``path`` and renamed into place (``mxmoe.core.files.write_atomically``: the
+    destination checked first, the temporary removed on any failure), so a reader never sees half a file and a
+    module loaded from the old file keeps its own copy. Returns the manifest as written.
     """
     path = Path(path)
     manifest = dict(manifest)
@@ -97,45 +99,33 @@ def write_artifact(path: str | os.PathLike, manifest: dict, sections: Iterable[S
     manifest["format_version"] = FORMAT_VERSION
     manifest.setdefault("mxmoe_version", _version())
     records = []
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * HEADER.size)
-            for s in sections:
-                if any(r["name"] == s.name for r in records):
-                    raise ValueError(f"duplicate artifact section name {s.name!r}")
-                if progress:
-                    progress(f"writing {s.name}")
-                pad = -f.tell() % ALIGNMENT
-                f.write(b"\0" * pad)
-                offset = f.tell()
-                w = _HashingWriter(f)
-                if isinstance(s.data, (bytes, bytearray, memoryview)):
-                    w.write(s.data)
-                elif isinstance(s.data, (str, os.PathLike)):
-                    with open(s.data, "rb") as src:
-                        while chunk := src.read(16 << 20):
-                            w.write(chunk)
-                else:
-                    s.data(w)
-                records.append({"name": s.name, "kind": s.kind, "offset": offset, "size": w.n,
-                                "sha256": w.h.hexdigest()})
-            manifest["sections"] = records
-            blob = json.dumps(manifest, indent=1, sort_keys=False).encode("utf-8")
-            moff = f.tell()
-            f.write(blob)
-            f.seek(0)
-            f.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, moff, len(blob), hashlib.sha256(blob).digest()))
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; give it the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with write_atomically(path) as f:
+        f.write(b"\0" * HEADER.size)
+        for s in sections:
+            if any(r["name"] == s.name for r in records):
+                raise ValueError(f"duplicate artifact section name {s.name!r}")
+            if progress:
+                progress(f"writing {s.name}")
+            pad = -f.tell() % ALIGNMENT
+            f.write(b"\0" * pad)
+            offset = f.tell()
+            w = _HashingWriter(f)
+            if isinstance(s.data, (bytes, bytearray, memoryview)):
+                w.write(s.data)
+            elif isinstance(s.data, (str, os.PathLike)):
+                with open(s.data, "rb") as src:
+                    while chunk := src.read(16 << 20):
+                        w.write(chunk)
+            else:
+                s.data(w)
+            records.append({"name": s.name, "kind": s.kind, "offset": offset, "size": w.n,
+                            "sha256": w.h.hexdigest()})
+        manifest["sections"] = records
+        blob = json.dumps(manifest, indent=1, sort_keys=False).encode("utf-8")
+        moff = f.tell()
+        f.write(blob)
+        f.seek(0)
+        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, moff, len(blob), hashlib.sha256(blob).digest()))
     return manifest
 
 
@@ -349,9 +339,11 @@ def read_safetensors_view(view: memoryview, label: str = "weights") -> dict[str,
 
 # ================================================================= IREE parameter archive sections
 
-def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike) -> str:
+def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike, label: str | None = None) -> str:
     """Write ``arrays`` as an IREE parameter archive in ``scratch_dir``; returns its path (copy it into a
-    section, then delete it). Entries carry IREE's tensor metadata (dtype, shape)."""
+    section, then delete it). Entries carry IREE's tensor metadata (dtype, shape). Nothing is left behind on a
+    failure; IREE reports a full disk without its cause, so a failure with less room than the weights need is
+    ``OutputError("no space left on device writing LABEL")``."""
     import iree.runtime as rt
 
     index = rt.ParameterIndex()
@@ -366,7 +358,14 @@ def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike
             rt.parameter_index_add_numpy_ndarray(index, name, a)
     fd, path = tempfile.mkstemp(suffix=".irpa", dir=scratch_dir)
     os.close(fd)
-    index.create_archive_file(path)
+    try:
+        index.create_archive_file(path)
+    except Exception:
+        os.unlink(path)
+        st = os.statvfs(scratch_dir)
+        if st.f_bavail * st.f_frsize < sum(a.nbytes for a in keep):
+            raise OutputError(f"no space left on device writing {label or path}") from None
+        raise
     return path
 
 
@@ -439,7 +438,7 @@ def save_module(path: str | os.PathLike, *, target: dict, code, inputs, outputs,
             if wformat != KIND_IRPA:
                 safetensors_writer(arrays)(f)
                 return
-            p = irpa_writer(arrays, scratch)
+            p = irpa_writer(arrays, scratch, str(path))
             tmp_files.append(p)
             del arrays
             with open(p, "rb") as src:

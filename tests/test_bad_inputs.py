@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -198,3 +199,76 @@ def test_a_checkpoint_with_nan_scales_is_refused(mxmoe_cli, ckpt, ext_art, work)
     assert not (work / "nan.mxmoe").exists()
     with pytest.raises(WeightsError, match=r"weight 'w2_scale' holds the scale byte 0xFF"):
         load(ext_art, weights=bad, layer=0)
+
+
+# ======================================================================= output paths
+
+def test_a_destination_that_cannot_be_written_is_refused_before_the_compile(mxmoe_cli, work):
+    """Each of these returns at once (no compile): none replaces what is there. Only paths in the test's folder:
+    the rename the check prevents would replace whatever stands at the path."""
+    fifo, sock = work / "a.fifo", work / "a.sock"
+    os.mkfifo(fifo)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+    (work / "adir").mkdir()
+    for dest, where, words in ((fifo, fifo, "is a FIFO, not a regular file; refusing to replace it"),
+                               (sock, sock, "is a socket, not a regular file"),
+                               (work / "adir", work / "adir", "is a directory"),
+                               (work / "missing" / "x.mxmoe", work / "missing", "output directory does not exist")):
+        r = mxmoe_cli("compile", "--preset", "tiny", "--target", "cpu", "-o", dest)
+        r.error(f"{where}: ", words)
+        assert "building" not in r.err  # refused before any work
+    assert fifo.is_fifo() and sock.is_socket()
+    mxmoe_cli("run", "--output", fifo, work / "absent.mxmoe").error("is a FIFO")  # before the artifact is opened
+
+
+def _in_namespace(script: str) -> subprocess.CompletedProcess:
+    """``script`` (sh) run in a private user and mount namespace (``unshare -rm``): its mounts need no privileges and
+    vanish with it, and a mount point cannot be renamed over, so nothing outside can be replaced."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare with user namespaces")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=600)
+
+
+def test_a_device_is_refused_not_replaced(art, work):
+    """``-o /dev/null`` replaced the device node with the artifact. Tried on a bind mount of /dev/null."""
+    dev = work / "device"
+    dev.touch()
+    exe = os.path.join(os.path.dirname(sys.executable), "mxmoe")
+    r = _in_namespace(f"mount --bind /dev/null {dev} && {exe} compile --preset tiny --target cpu -o {dev}; "
+                      f"{exe} run {art} --output {dev}")
+    assert r.stderr.strip().splitlines() == [
+        f"mxmoe: error: {dev}: is a character device, not a regular file; refusing to replace it"] * 2, r.stderr
+
+
+def test_run_output_writes_exactly_the_path_given_and_follows_symlinks(mxmoe_cli, art, work):
+    r = mxmoe_cli("run", art, "--output", work / "y.out", "--tokens", 3, "--repeat", 1)
+    assert r.rc == 0 and f"wrote {work / 'y.out'}" in r.out, r.err
+    assert np.load(work / "y.out").shape == (3, 64) and not (work / "y.out.npy").exists()
+    # a symlink is followed on purpose: its target is replaced, the link stays a link
+    (work / "target.npy").write_bytes(b"old")
+    (work / "link.npy").symlink_to(work / "target.npy")
+    assert mxmoe_cli("run", art, "--output", work / "link.npy", "--tokens", 2, "--repeat", 1).rc == 0
+    assert (work / "link.npy").is_symlink() and np.load(work / "target.npy").shape == (2, 64)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_behind(art, work):
+    """It was "internal error" with a weights-sized temporary file left behind each time."""
+    d = work / "full"
+    d.mkdir()
+    exe = os.path.join(os.path.dirname(sys.executable), "mxmoe")
+    r = _in_namespace(f"mount -t tmpfs -o size=100k tmpfs {d} && "
+                      f"{exe} compile --preset tiny --target cpu -o {d}/x.mxmoe -q; echo rc=$?; "
+                      f"{exe} run {art} --tokens 2000 --output {d}/y.npy >/dev/null; echo rc=$?; ls -A {d}")
+    assert r.stdout.split() == ["rc=1", "rc=1"], r.stdout + r.stderr  # and `ls` lists nothing
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("mxmoe: error:")]
+    assert errors == [f"mxmoe: error: no space left on device writing {d}/x.mxmoe",
+                      f"mxmoe: error: no space left on device writing {d}/y.npy"], r.stderr
+
+
+def test_a_read_only_destination_fails_before_the_compile(work):
+    d = work / "ro"
+    d.mkdir()
+    exe = os.path.join(os.path.dirname(sys.executable), "mxmoe")
+    r = _in_namespace(f"mount -t tmpfs -o ro tmpfs {d} && {exe} compile --preset tiny --target cpu -o {d}/x.mxmoe")
+    assert r.returncode == 1 and r.stderr.strip() == f"mxmoe: error: {d}: output directory is not writable", r.stderr
