@@ -56,7 +56,7 @@ class SafetensorsView:
             self._fail(f"truncated: {size} bytes, too short for the 8-byte header length")
         n = int.from_bytes(head, "little")
         if n > _MAX_HEADER:
-            self._fail(f"corrupt header length {n} (more than {_MAX_HEADER} bytes)")
+            self._fail(f"not a safetensors file (its first 8 bytes {bytes(head)!r} are not a header length)")
         if 8 + n > size:
             self._fail(f"truncated: header claims {n} bytes but only {size - 8} follow the length")
         try:

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import io
 import json
+import math
 import os
 import sys
 import threading
@@ -322,6 +323,8 @@ def cmd_run(args) -> int:
 
     if args.tokens < 0:
         raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
+    if not (math.isfinite(args.tol) and args.tol >= 0):
+        raise CliError(f"--tol must be a finite number >= 0, got {args.tol}")
     if args.output:
         output_path(args.output)  # checked before the run, not after it
     art = Artifact(args.artifact)

@@ -22,6 +22,7 @@ import torch
 
 import mxmoe
 from mxmoe.core.checkpoint import read_safetensors, write_hf_gpt_oss, write_safetensors
+from mxmoe.core.config import MoEConfig
 from mxmoe.core.reference import numpy_reference
 from mxmoe.core.signature import TensorSpec
 from mxmoe.core.weights import MoEWeights
@@ -272,3 +273,45 @@ def test_a_read_only_destination_fails_before_the_compile(work):
     exe = os.path.join(os.path.dirname(sys.executable), "mxmoe")
     r = _in_namespace(f"mount -t tmpfs -o ro tmpfs {d} && {exe} compile --preset tiny --target cpu -o {d}/x.mxmoe")
     assert r.returncode == 1 and r.stderr.strip() == f"mxmoe: error: {d}: output directory is not writable", r.stderr
+
+
+# ======================================================================= arguments and configs
+
+@pytest.mark.parametrize("tol", ["-1", "nan", "inf"])
+def test_check_tolerance_must_be_finite_and_not_negative(mxmoe_cli, art, tol):
+    mxmoe_cli("run", art, "--check", "--tol", tol).error(f"--tol must be a finite number >= 0, got {float(tol)}")
+
+
+def test_weights_that_are_not_a_checkpoint(mxmoe_cli, ext_art, ckpt):
+    """A checkpoint's config.json given as --weights was "corrupt header length ..."."""
+    mxmoe_cli("run", ext_art, "--weights", ckpt / "config.json").error(
+        f"{ckpt / 'config.json'}: not a safetensors file (its first 8 bytes")
+
+
+def test_a_checkpoint_layer_that_is_not_there_is_named(mxmoe_cli, ext_art, ckpt):
+    """It listed the layer's eight tensors as missing."""
+    mxmoe_cli("run", ext_art, "--weights", ckpt, "--layer", 9).error(f"{ckpt}: no MoE layer 9 (MoE layers: 0)")
+
+
+@pytest.mark.parametrize("field, value", [("swiglu_alpha", float("nan")), ("swiglu_alpha", -1.702),
+                                          ("swiglu_limit", 0.0), ("swiglu_limit", float("inf")),
+                                          ("swiglu_alpha", "1.702")])
+def test_swiglu_alpha_and_limit_must_be_finite_and_positive(field, value):
+    """A negative limit compiled to a module that disagreed with the reference; NaN failed inside the compiler."""
+    with pytest.raises(ValueError, match=rf"^MoEConfig: {field} must be a finite number > 0, got {value!r}$"):
+        TINY.replace(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["interleaved", "renormalize", "bias", "router_bias"])
+def test_config_flags_must_be_bools(field):
+    """A string flag got as far as the custom ops' schema checks: a 55-frame traceback."""
+    with pytest.raises(ValueError, match=rf"^MoEConfig: {field} must be True or False, got 'no'$"):
+        MoEConfig(num_experts=8, top_k=2, hidden=64, intermediate=64, **{field: "no"})
+
+
+def test_moe_needs_moe_weights():
+    """``MoE(dict)`` was an AttributeError from inside the constructor."""
+    with pytest.raises(TypeError, match=r"^MoE: expected MoEWeights, got dict \(build them with"):
+        MoE({"w13": np.zeros(3)})
+    with pytest.raises(TypeError, match=r"^MoE.random: expected a MoEConfig or a preset name, got dict$"):
+        MoE.random({"num_experts": 8})
