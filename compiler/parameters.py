@@ -41,9 +41,12 @@ def stored_forms(module_op: ir.Operation) -> dict[str, StoredForm]:
     return forms
 
 
-def store_parameters(forms: Mapping[str, StoredForm], params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Apply each parameter's stored form; every global must have its array and vice versa."""
+def store_parameters(forms: Mapping[str, StoredForm], params: Mapping[str, np.ndarray],
+                     labels: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Apply each parameter's stored form; every global must have its array and vice versa. Errors name a weight by
+    ``labels[global]`` where given (the model's name for it), else by its global's name."""
     missing = sorted(set(forms) - set(params))
     if missing:
         raise ValueError(f"no array for weight global(s): {', '.join(missing)}")
-    return {name: forms[name].apply(name, params[name]) for name in forms}
+    labels = labels or {}
+    return {name: forms[name].apply(labels.get(name, name), params[name]) for name in forms}

@@ -181,14 +181,24 @@ def read_hf_config(ckpt_dir: str | os.PathLike) -> MoEConfig:
 
 def hf_moe_layers(ckpt_dir: str | os.PathLike) -> list[int]:
     """Indices of the layers whose MoE experts are in the checkpoint, ascending."""
-    return sorted(int(m.group(1)) for n in _Tensors(ckpt_dir).names() if (m := _HF_LAYER.match(n)))
+    return _moe_layers(_Tensors(ckpt_dir))
+
+
+def _moe_layers(files: _Tensors) -> list[int]:
+    return sorted(int(m.group(1)) for n in files.names() if (m := _HF_LAYER.match(n)))
 
 
 def read_hf_gpt_oss(ckpt_dir: str | os.PathLike, layer: int) -> MoEWeights:
     """Layer ``layer``'s MoE from a Hugging Face gpt-oss checkpoint (MXFP4 blocks are not copied)."""
     config = read_hf_config(ckpt_dir)
     names = _hf_names(layer)
-    tensors = _Tensors(ckpt_dir).get(list(names.values()))
+    files = _Tensors(ckpt_dir)
+    if not set(names.values()) & set(files.names()):
+        have = _moe_layers(files)
+        listed = (f"{have[0]}..{have[-1]}" if len(have) > 2 and have == list(range(have[0], have[-1] + 1))
+                  else ", ".join(map(str, have)) or "none")
+        raise ValueError(f"{ckpt_dir}: no MoE layer {layer} (MoE layers: {listed})")
+    tensors = files.get(list(names.values()))
     e, i, h = config.num_experts, config.intermediate, config.hidden
     for field, rows, k in (("w13", 2 * i, h), ("w2", h, i)):
         name = names[field]

@@ -7,6 +7,7 @@ back from an artifact's manifest, so it must be importable where torch is not in
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 #: Routing modes. "topk_softmax" is gpt-oss: top-k over the logits, softmax over the k chosen.
@@ -84,8 +85,16 @@ class MoEConfig:
             bad(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
         if self.activation not in ACTIVATIONS:
             bad(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        for name in ("renormalize", "interleaved", "bias", "router_bias", "router", "apply_router_weight_on_input",
+                     "shared_gate"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.renormalize and self.routing != "softmax_topk":
             bad("renormalize only applies to routing='softmax_topk'")
+        for name in ("swiglu_alpha", "swiglu_limit"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                bad(f"{name} must be a finite number > 0, got {v!r}")
         if self.apply_router_weight_on_input and self.top_k != 1:
             bad(f"apply_router_weight_on_input needs top_k 1 (the weight scales the token once), got top_k {self.top_k}")
         s = self.shared_intermediate

@@ -20,6 +20,8 @@ from typing import BinaryIO, Mapping
 import ml_dtypes
 import numpy as np
 
+from mxmoe.core.files import write_atomically
+
 __all__ = ["SafetensorsView", "SafetensorsFile", "read_safetensors", "write_safetensors", "write_tensors"]
 
 DTYPES: dict[str, np.dtype] = {
@@ -54,7 +56,7 @@ class SafetensorsView:
             self._fail(f"truncated: {size} bytes, too short for the 8-byte header length")
         n = int.from_bytes(head, "little")
         if n > _MAX_HEADER:
-            self._fail(f"corrupt header length {n} (more than {_MAX_HEADER} bytes)")
+            self._fail(f"not a safetensors file (its first 8 bytes {bytes(head)!r} are not a header length)")
         if 8 + n > size:
             self._fail(f"truncated: header claims {n} bytes but only {size - 8} follow the length")
         try:
@@ -182,13 +184,6 @@ def write_tensors(f: BinaryIO, tensors: Mapping[str, np.ndarray], metadata: dict
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:
     """Write ``tensors`` as a safetensors file readable by safetensors.torch; written next to ``path`` and renamed
-    into place."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write_tensors(f, tensors, metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    into place (``mxmoe.core.files.write_atomically``)."""
+    with write_atomically(path) as f:
+        write_tensors(f, tensors, metadata)

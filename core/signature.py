@@ -63,8 +63,9 @@ def check_inputs(specs: Sequence[TensorSpec], values: Sequence[Any]) -> tuple[li
     return out, any_torch
 
 
-def check_shape(spec: TensorSpec, shape: Sequence[int], min_dynamic: int = 1) -> None:
-    """Rank, static dims and dynamic-dim bounds of one input; ValueError naming the input otherwise."""
+def check_shape(spec: TensorSpec, shape: Sequence[int], min_dynamic: int = 0) -> None:
+    """Rank, static dims and dynamic-dim bounds of one input; ValueError naming the input otherwise. A dynamic dim
+    may be 0 (an empty batch: see :func:`empty_outputs`)."""
     shape = tuple(int(d) for d in shape)
     if len(shape) != len(spec.shape):
         raise ValueError(f"input '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {shape}")
@@ -98,3 +99,28 @@ class EntrySignature:
         ins = ", ".join(s.describe() for s in self.inputs)
         outs = ", ".join(s.describe() for s in self.outputs)
         return f"{self.name}({ins}) -> {outs}"
+
+
+def _dynamic_lead(spec: TensorSpec) -> int | None:
+    """How many leading dims of ``spec`` are dynamic when all the rest are static, else None."""
+    lead = next((i for i, d in enumerate(spec.shape) if d is not None), len(spec.shape))
+    return lead if all(d is not None for d in spec.shape[lead:]) else None
+
+
+def empty_outputs(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], shape: Sequence[int]) -> list[tuple]:
+    """The output shapes for a call whose first input, of ``shape``, holds no elements (an empty batch), without
+    running anything: each output takes the input's leading (batch) dims and its own static trailing dims, as an MoE
+    layer's ``[?, H] -> [?, H]`` does. ValueError for an entry whose outputs do not follow its input that way."""
+    n_in = _dynamic_lead(inputs[0])
+    if n_in is None or n_in == 0:
+        raise ValueError(f"an empty input cannot run this entry ({inputs[0].describe()}): its output shapes do not "
+                         "follow from the input's")
+    lead = tuple(shape[: len(shape) - (len(inputs[0].shape) - n_in)])
+    shapes = []
+    for out in outputs:
+        n_out = _dynamic_lead(out)
+        if n_out != n_in:
+            raise ValueError(f"an empty input cannot run this entry: output {out.describe()} does not follow input "
+                             f"{inputs[0].describe()}")
+        shapes.append(lead + tuple(out.shape[n_out:]))
+    return shapes

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mxmoe.core.layouts import get_layout
+from mxmoe.core.mxfp4 import E8M0_NAN
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ class StoredForm:
         return cls(**d)
 
     def apply(self, name: str, array: np.ndarray) -> np.ndarray:
-        """The stored array for ``array`` (raises ValueError naming ``name`` on a shape mismatch)."""
+        """The stored array for ``array`` (raises ValueError naming ``name`` on a shape mismatch or a NaN)."""
         if tuple(array.shape) != tuple(self.shape):
             raise ValueError(f"weight '{name}': expected shape {list(self.shape)}, got {list(array.shape)}")
+        refuse_nan(name, self.role, array)
         out = pad_array(array, self.padded_shape, self.pad_value, self.pad_halves)
         if self.layout is not None:
             out = get_layout(self.layout, name).encode(self.role or "", out)
@@ -54,6 +56,32 @@ class StoredForm:
             h, hp = self.shape[1] // 2, self.padded_shape[1] // 2
             a = np.concatenate([a[:, :h], a[:, hp:hp + h]], axis=1)
         return a[tuple(slice(0, d) for d in self.shape)]
+
+
+def refuse_nan(name: str, role: str | None, a: np.ndarray) -> None:
+    """ValueError naming the weight and its first bad index if it holds a NaN or an infinity (a float), or the E8M0
+    NaN scale 0xFF (MXFP4 scales). Compiled modules do not propagate them as the reference does (their routing
+    picks experts around a NaN logit), so every weight is checked once, when it is put in its stored form."""
+    a = np.asarray(a)
+    if not a.size:
+        return
+    # max/min first: no temporary array (a gpt-oss-20b layer's 25 MB of scales in under 1 ms); NaN wins both
+    if role == "scales" and a.dtype == np.uint8:
+        if a.max() != E8M0_NAN:
+            return
+        bad, what = a == E8M0_NAN, "the scale byte 0xFF (NaN in E8M0)"
+    elif a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+        with np.errstate(invalid="ignore"):
+            if np.isfinite(a.max()) and np.isfinite(a.min()):
+                return
+        bad, what = ~np.isfinite(a), None
+    else:
+        return
+    if bad.any():
+        index = np.unravel_index(int(np.argmax(bad)), a.shape)
+        what = what or str(a[index])
+        raise ValueError(f"weight '{name}' holds {what} at index {[int(i) for i in index]}; mxmoe refuses NaN and "
+                         "infinite weights")
 
 
 def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False) -> np.ndarray:

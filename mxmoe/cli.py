@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
+import math
 import os
 import sys
 import threading
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 from mxmoe.core._version import __version__
+from mxmoe.core.files import output_path, write_atomically
 
 EXIT_ERROR = 1       # the command could not do its job (bad input, missing file, corrupt artifact...)
 EXIT_MISMATCH = 3    # run --check: the compiled result disagrees with the reference
@@ -130,13 +133,10 @@ def _load_source(args):
         desc = {"kind": "hf-gpt-oss", "path": str(p.resolve()), "layers": layers}
         return layer, None, desc, {"path": p.resolve(), "layers": layers}
     if src.endswith(".pt2") or p.is_file():
-        if not p.exists():
-            raise CliError(f"{p}: no such file")
+        from mxmoe.torch_frontend import load_program
+
         with _Step(f"loading exported program {p}", args.quiet):
-            try:
-                ep = torch.export.load(str(p))
-            except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
-                raise CliError(f"{p}: not a loadable torch.export program (.pt2): {_first_line(e)}") from None
+            ep = load_program(p)
         return ep, None, {"kind": "exported-program", "path": str(p.resolve())}, None
     if ":" in src:
         mod_name, _, fn_name = src.partition(":")
@@ -219,10 +219,7 @@ def cmd_compile(args) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     out = Path(args.output)
-    if out.is_dir():
-        raise CliError(f"{out}: is a directory; -o names the artifact file to write")
-    if not out.parent.exists():
-        raise CliError(f"{out.parent}: output directory does not exist")
+    output_path(out)  # a destination that cannot be written fails now, not after the compile
     if args.weights == "external" and not (args.source and Path(args.source).is_dir()):
         raise CliError("--weights external needs a checkpoint directory SOURCE (the runtime reads the weights from it)")
     t_all = time.perf_counter()
@@ -324,12 +321,18 @@ def cmd_run(args) -> int:
     from mxmoe.runtime import load
     from mxmoe.runtime.artifact import Artifact
 
-    if args.tokens < 1:
-        raise CliError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.tokens < 0:
+        raise CliError(f"--tokens must be 0 or more, got {args.tokens}")
+    if not (math.isfinite(args.tol) and args.tol >= 0):
+        raise CliError(f"--tol must be a finite number >= 0, got {args.tol}")
+    if args.output:
+        output_path(args.output)  # checked before the run, not after it
     art = Artifact(args.artifact)
+    # --check verifies the weights it compares: a changed byte would otherwise reach the module and the reference alike
+    verify = args.verify or args.check
     with _Step(f"loading {args.artifact} for {art.target['name']}", args.quiet):
         mod = load(args.artifact, device=args.device, weights=args.weights, weight_set=args.weight_set,
-                   layer=args.layer, verify=args.verify)
+                   layer=args.layer, verify=verify, copy=args.copy)
     if args.input:
         p = Path(args.input)
         if not p.is_file():
@@ -358,7 +361,10 @@ def cmd_run(args) -> int:
         o = np.asarray(outs[0])
         if o.dtype.name == "bfloat16":  # .npy has no bfloat16: store the exact values as float32
             o = o.astype(np.float32)
-        np.save(args.output, o)
+        buf = io.BytesIO()
+        np.save(buf, o)  # in memory first: numpy's own file writes report a full disk without its errno
+        with write_atomically(args.output) as f:
+            f.write(buf.getbuffer())  # exactly the path given, no .npy appended
         print(f"  wrote {args.output} ({o.dtype})")
     if not args.check:
         return 0
@@ -367,7 +373,9 @@ def cmd_run(args) -> int:
 
     err = relative_error(np.asarray(outs[0], dtype=np.float32), ref)
     ok = err <= args.tol
-    print(f"check: max relative error vs the {impl} reference {err:.2e} (tolerance {args.tol:.0e}) -> "
+    embedded = args.weights is None and art.manifest["weights"].get("storage") == "embedded"
+    verified = "weights match their sha256; " if embedded else ""
+    print(f"check: {verified}max relative error vs the {impl} reference {err:.2e} (tolerance {args.tol:.0e}) -> "
           f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else EXIT_MISMATCH
 
@@ -383,7 +391,9 @@ def _reference(args, mod, art, inputs):
     if args.reference:
         import torch
 
-        ep = torch.export.load(args.reference)
+        from mxmoe.torch_frontend import load_program
+
+        ep = load_program(args.reference)
         targs = []
         for a, s in zip(inputs, mod.inputs):
             t = torch.from_numpy(np.asarray(a, dtype=np.float32))
@@ -530,9 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and print the time; --check compares with the reference MoE computed from "
                                    "the artifact's own weights and exits 3 on a mismatch.")
     r.add_argument("artifact")
-    r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4)")
+    r.add_argument("--tokens", "-n", type=int, default=4, help="tokens of random input (default 4; 0 is an empty "
+                                                                "batch)")
     r.add_argument("--input", help=".npy file with the input instead of random data")
-    r.add_argument("--output", help="write the output to this .npy file (bfloat16 as float32)")
+    r.add_argument("--output", help="write the output to this file, in .npy format (bfloat16 as float32)")
     r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees")
     r.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"--check tolerance (default {DEFAULT_TOL})")
     r.add_argument("--numpy-reference", action="store_true", help="--check with the numpy reference even if torch is installed")
@@ -544,7 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", help="device (cpu targets: cpu, local-task, local-sync)")
     r.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (default 3)")
     r.add_argument("--seed", type=int, default=1, help="seed of the random input")
-    r.add_argument("--verify", action="store_true", help="also check the weights' sha256 before running")
+    r.add_argument("--verify", action="store_true", help="also check the weights' sha256 before running "
+                                                          "(--check always does)")
+    r.add_argument("--copy", action="store_true", help="read the weights into memory instead of mapping the file")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
 
@@ -581,9 +594,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _error_line(e: BaseException) -> str:
     msg = _first_line(e)
-    # ArtifactError and WeightsError are ValueErrors, TargetUnavailableError is checked by name (importing
-    # the runtime here could itself fail, and the error line must still print)
-    if isinstance(e, (CliError, ValueError, FileNotFoundError, NotImplementedError)):
+    # ArtifactError and WeightsError are ValueErrors, OutputError an OSError; TargetUnavailableError is checked by
+    # name (importing the runtime here could itself fail, and the error line must still print)
+    if isinstance(e, (CliError, ValueError, OSError, NotImplementedError)):  # OSError: e.g. no space left on device
         return msg
     if type(e).__name__ == "TargetUnavailableError":
         return msg

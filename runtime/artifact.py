@@ -25,8 +25,10 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import struct
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
@@ -34,6 +36,7 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype
+from mxmoe.core.files import OutputError, write_atomically
 from mxmoe.core.safetensors import SafetensorsView, write_tensors
 from mxmoe.runtime.code import KIND_CUBIN, KIND_IRPA, KIND_SAFETENSORS, KIND_VMFB, code_from_record, section_name  # noqa: F401
 
@@ -86,8 +89,9 @@ def write_artifact(path: str | os.PathLike, manifest: dict, sections: Iterable[S
                    progress: Callable[[str], None] | None = None) -> dict:
     """Write ``sections`` and ``manifest`` (sections' offsets/sizes/hashes are added) to ``path``.
 
-    The file is written beside ``path`` and renamed into place, so a reader never sees half a file.
-    Returns the manifest as written.
+    The file is written beside ``path`` and renamed into place (``mxmoe.core.files.write_atomically``: the
+    destination checked first, the temporary removed on any failure), so a reader never sees half a file and a
+    module loaded from the old file keeps its own copy. Returns the manifest as written.
     """
     path = Path(path)
     manifest = dict(manifest)
@@ -95,45 +99,33 @@ def write_artifact(path: str | os.PathLike, manifest: dict, sections: Iterable[S
     manifest["format_version"] = FORMAT_VERSION
     manifest.setdefault("mxmoe_version", _version())
     records = []
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * HEADER.size)
-            for s in sections:
-                if any(r["name"] == s.name for r in records):
-                    raise ValueError(f"duplicate artifact section name {s.name!r}")
-                if progress:
-                    progress(f"writing {s.name}")
-                pad = -f.tell() % ALIGNMENT
-                f.write(b"\0" * pad)
-                offset = f.tell()
-                w = _HashingWriter(f)
-                if isinstance(s.data, (bytes, bytearray, memoryview)):
-                    w.write(s.data)
-                elif isinstance(s.data, (str, os.PathLike)):
-                    with open(s.data, "rb") as src:
-                        while chunk := src.read(16 << 20):
-                            w.write(chunk)
-                else:
-                    s.data(w)
-                records.append({"name": s.name, "kind": s.kind, "offset": offset, "size": w.n,
-                                "sha256": w.h.hexdigest()})
-            manifest["sections"] = records
-            blob = json.dumps(manifest, indent=1, sort_keys=False).encode("utf-8")
-            moff = f.tell()
-            f.write(blob)
-            f.seek(0)
-            f.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, moff, len(blob), hashlib.sha256(blob).digest()))
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; give it the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with write_atomically(path) as f:
+        f.write(b"\0" * HEADER.size)
+        for s in sections:
+            if any(r["name"] == s.name for r in records):
+                raise ValueError(f"duplicate artifact section name {s.name!r}")
+            if progress:
+                progress(f"writing {s.name}")
+            pad = -f.tell() % ALIGNMENT
+            f.write(b"\0" * pad)
+            offset = f.tell()
+            w = _HashingWriter(f)
+            if isinstance(s.data, (bytes, bytearray, memoryview)):
+                w.write(s.data)
+            elif isinstance(s.data, (str, os.PathLike)):
+                with open(s.data, "rb") as src:
+                    while chunk := src.read(16 << 20):
+                        w.write(chunk)
+            else:
+                s.data(w)
+            records.append({"name": s.name, "kind": s.kind, "offset": offset, "size": w.n,
+                            "sha256": w.h.hexdigest()})
+        manifest["sections"] = records
+        blob = json.dumps(manifest, indent=1, sort_keys=False).encode("utf-8")
+        moff = f.tell()
+        f.write(blob)
+        f.seek(0)
+        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, moff, len(blob), hashlib.sha256(blob).digest()))
     return manifest
 
 
@@ -146,34 +138,49 @@ class Artifact:
     ``memoryview`` into the mapping (no copy). Weight hashes are checked by ``verify()``, not at open
     (hashing gigabytes of weights at every load would cost more than loading them); small sections
     (compiled modules, kernel binaries) are checked when read with ``section_bytes``.
+
+    The file stays open, and the mapping is made from that same open file, so what is mapped is what was checked.
+    A mapping reads the file as it is now: ``check_unchanged()`` (one ``fstat``) refuses to go on once the file was
+    written to or truncated in place, which would otherwise change a running module's weights or kill the process
+    with SIGBUS. A file replaced by rename (how mxmoe writes artifacts) leaves this one's bytes as they were.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.exists():
-            raise ArtifactError(f"{self.path}: no such file")
-        if self.path.is_dir():
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO is refused below, not waited on
+        except FileNotFoundError:
+            raise ArtifactError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise ArtifactError(f"{self.path}: is a directory, not an mxmoe artifact") from None
+        except OSError as e:
+            raise ArtifactError(f"{self.path}: cannot open ({e.strerror})") from None
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
             raise ArtifactError(f"{self.path}: is a directory, not an mxmoe artifact")
-        self.size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            head = f.read(HEADER.size)
-            if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
-                raise ArtifactError(f"{self.path}: not an mxmoe artifact (bad magic bytes)")
-            if len(head) < HEADER.size:
-                raise ArtifactError(f"{self.path}: truncated artifact ({self.size} bytes, shorter than the header)")
-            _, version, _flags, moff, msize, mhash = HEADER.unpack(head)
-            if version > FORMAT_VERSION:
-                raise ArtifactError(f"{self.path}: artifact format version {version} is newer than this mxmoe "
-                                    f"({_version()}) reads (up to {FORMAT_VERSION}); upgrade mxmoe")
-            if version < 1:
-                raise ArtifactError(f"{self.path}: corrupt artifact (format version {version})")
-            if msize > _MAX_MANIFEST or moff < HEADER.size:
-                raise ArtifactError(f"{self.path}: corrupt artifact header (manifest at {moff}, {msize} bytes)")
-            if moff + msize > self.size:
-                raise ArtifactError(f"{self.path}: truncated artifact (manifest ends at byte {moff + msize}, "
-                                    f"file has {self.size})")
-            f.seek(moff)
-            blob = f.read(msize)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{self.path}: not a regular file, not an mxmoe artifact")
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        self.size = st.st_size
+        head = os.pread(fd, HEADER.size, 0)
+        if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
+            raise ArtifactError(f"{self.path}: not an mxmoe artifact (bad magic bytes)")
+        if len(head) < HEADER.size:
+            raise ArtifactError(f"{self.path}: truncated artifact ({self.size} bytes, shorter than the header)")
+        _, version, _flags, moff, msize, mhash = HEADER.unpack(head)
+        if version > FORMAT_VERSION:
+            raise ArtifactError(f"{self.path}: artifact format version {version} is newer than this mxmoe "
+                                f"({_version()}) reads (up to {FORMAT_VERSION}); upgrade mxmoe")
+        if version < 1:
+            raise ArtifactError(f"{self.path}: corrupt artifact (format version {version})")
+        if msize > _MAX_MANIFEST or moff < HEADER.size:
+            raise ArtifactError(f"{self.path}: corrupt artifact header (manifest at {moff}, {msize} bytes)")
+        if moff + msize > self.size:
+            raise ArtifactError(f"{self.path}: truncated artifact (manifest ends at byte {moff + msize}, "
+                                f"file has {self.size})")
+        blob = os.pread(fd, msize, moff)
         if hashlib.sha256(blob).digest() != mhash:
             raise ArtifactError(f"{self.path}: corrupt artifact (manifest checksum mismatch)")
         try:
@@ -185,6 +192,15 @@ class Artifact:
         self._validate()
         self._sections = {s["name"]: s for s in manifest["sections"]}
         self._mmap: mmap.mmap | None = None
+
+    def check_unchanged(self) -> None:
+        """ArtifactError if the file was written to or truncated since it was opened (one ``fstat``, ~1 us)."""
+        st = os.fstat(self._fd)
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            what = (f"now {st.st_size} bytes, was {self._stamp[0]}" if st.st_size != self._stamp[0]
+                    else "written to in place")
+            raise ArtifactError(f"{self.path}: the artifact changed on disk since it was loaded ({what}); "
+                                "load it again")
 
     # ---------------------------------------------------------------------------------- checks
     def _bad(self, what: str) -> ArtifactError:
@@ -242,13 +258,14 @@ class Artifact:
 
     def _map(self) -> mmap.mmap:
         if self._mmap is None:
-            with open(self.path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.check_unchanged()
+            self._mmap = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
         return self._mmap
 
     def section(self, name: str) -> memoryview:
         """A read-only view of a section's bytes inside the memory-mapped file (no copy)."""
         info = self.section_info(name)
+        self.check_unchanged()
         if info["size"] == 0:
             return memoryview(b"")
         return memoryview(self._map())[info["offset"]: info["offset"] + info["size"]]
@@ -322,9 +339,11 @@ def read_safetensors_view(view: memoryview, label: str = "weights") -> dict[str,
 
 # ================================================================= IREE parameter archive sections
 
-def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike) -> str:
+def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike, label: str | None = None) -> str:
     """Write ``arrays`` as an IREE parameter archive in ``scratch_dir``; returns its path (copy it into a
-    section, then delete it). Entries carry IREE's tensor metadata (dtype, shape)."""
+    section, then delete it). Entries carry IREE's tensor metadata (dtype, shape). Nothing is left behind on a
+    failure; IREE reports a full disk without its cause, so a failure with less room than the weights need is
+    ``OutputError("no space left on device writing LABEL")``."""
     import iree.runtime as rt
 
     index = rt.ParameterIndex()
@@ -339,7 +358,14 @@ def irpa_writer(arrays: Mapping[str, np.ndarray], scratch_dir: str | os.PathLike
             rt.parameter_index_add_numpy_ndarray(index, name, a)
     fd, path = tempfile.mkstemp(suffix=".irpa", dir=scratch_dir)
     os.close(fd)
-    index.create_archive_file(path)
+    try:
+        index.create_archive_file(path)
+    except Exception:
+        os.unlink(path)
+        st = os.statvfs(scratch_dir)
+        if st.f_bavail * st.f_frsize < sum(a.nbytes for a in keep):
+            raise OutputError(f"no space left on device writing {label or path}") from None
+        raise
     return path
 
 
@@ -412,7 +438,7 @@ def save_module(path: str | os.PathLike, *, target: dict, code, entries, paramet
             if wformat != KIND_IRPA:
                 safetensors_writer(arrays)(f)
                 return
-            p = irpa_writer(arrays, scratch)
+            p = irpa_writer(arrays, scratch, str(path))
             tmp_files.append(p)
             del arrays
             with open(p, "rb") as src:

@@ -10,6 +10,7 @@ bounds); float32/bfloat16/float16 inputs are converted to the entry's float dtyp
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping
 
@@ -33,13 +34,17 @@ class LoadedModule(EntryPoints):
     """A compiled module loaded from an artifact; call it like the layer it was compiled from (its default entry),
     or ``entry(name)`` for another (``mod.entry("modular")(x, topk_weights, topk_ids)``)."""
 
-    def __init__(self, artifact: Artifact, code, executor, weight_set: str | None):
-        super().__init__([EntrySignature.from_dict(d) for d in artifact.manifest["entries"]], code, executor)
+    def __init__(self, artifact: Artifact, code, executor, weight_set: str | None, mapped: bool = False):
+        # a file changed under the mapping: an error at the next call, not SIGBUS or silently new weights
+        super().__init__([EntrySignature.from_dict(d) for d in artifact.manifest["entries"]], code, executor,
+                         guard=artifact.check_unchanged if mapped else None)
         self.artifact = artifact
         self.manifest = artifact.manifest
         self.path = artifact.path
         self.target = artifact.target["name"]
         self.weight_set = weight_set
+        #: whether the weights are read from the artifact's mapping at every call (else they were copied at load)
+        self.mapped = mapped
 
     def __repr__(self) -> str:
         sig = ", ".join(s.describe() for s in self.inputs)
@@ -49,7 +54,8 @@ class LoadedModule(EntryPoints):
 # ============================================================================================ load
 
 def load(path: str | os.PathLike, device: str | None = None, *, weights: str | os.PathLike | None = None,
-         weight_set: str | None = None, layer: int | None = None, verify: bool = False) -> LoadedModule:
+         weight_set: str | None = None, layer: int | None = None, verify: bool = False,
+         copy: bool = False) -> LoadedModule:
     """Load an mxmoe artifact for ``device`` and return a callable module.
 
     ``device``: None picks the target's default (``local-task`` for cpu, ``hip`` for rocm, the current
@@ -62,6 +68,9 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     checkpoint directory (with ``layer``), or a safetensors file whose tensors are named like the
     artifact's parameters; the runtime applies each parameter's stored form (padding, layout).
     ``verify``: check the sha256 of the weight section too (module sections are always checked).
+    ``copy``: read the embedded weights into memory instead of mapping them, so the module no longer depends on
+    the file. Without it, a call refuses to run once the file was changed in place (``ArtifactError``).
+    External weights are always read into memory.
     """
     art = Artifact(path)
     weight_set = _resolve_set(art, weights, weight_set, layer)
@@ -70,12 +79,12 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
         code.check_runnable(art.target, device)
     except TargetUnavailableError as e:
         raise TargetUnavailableError(f"{art.path}: {e}") from None
-    params, set_name = _weights_for(art, code, weights, weight_set, layer, verify)
+    params, set_name, mapped = _weights_for(art, code, weights, weight_set, layer, verify, copy)
     try:
         executor = code.executor(params, art.target, device)
     except RuntimeError as e:
         raise ArtifactError(f"{art.path}: could not load the module: {str(e).splitlines()[0]}") from None
-    return LoadedModule(art, code, executor, set_name)
+    return LoadedModule(art, code, executor, set_name, mapped)
 
 
 # ============================================================================================ weights
@@ -87,35 +96,56 @@ def _resolve_set(art: Artifact, weights, weight_set, layer) -> str | None:
     return weight_set
 
 
-def _embedded_weight_section(art: Artifact, weight_set, verify: bool):
-    """(weight set entry, its section's info, a view of the section) for an embedded weight set."""
+def _embedded_weight_section(art: Artifact, weight_set, verify: bool, copy: bool = False):
+    """(weight set entry, its section's info, the section's bytes: a view of the mapping, or a copy)."""
     ws = art.weight_set(weight_set)
     if verify:
         art.verify([ws["section"]])
-    return ws, art.section_info(ws["section"]), art.section(ws["section"])
+    view = art.section(ws["section"])
+    return ws, art.section_info(ws["section"]), memoryview(bytes(view)) if copy else view
 
 
-def _weights_for(art: Artifact, code, weights, weight_set, layer, verify):
-    """What ``code``'s executor binds: for an IREE archive embedded in the artifact, an index over it (memory-mapped,
-    nothing copied); otherwise the stored arrays by parameter name."""
-    if code.weights_format == KIND_IRPA and weights is None and art.manifest["weights"].get("storage") == "embedded":
-        ws, info, view = _embedded_weight_section(art, weight_set, verify)
+def _weights_for(art: Artifact, code, weights, weight_set, layer, verify, copy=False):
+    """(what ``code``'s executor binds, the weight set's name, whether it reads the artifact's mapping): for an IREE
+    archive embedded in the artifact, an index over it (nothing copied unless ``copy``); otherwise the stored arrays
+    by parameter name."""
+    embedded = weights is None and art.manifest["weights"].get("storage") == "embedded"
+    if code.weights_format == KIND_IRPA and embedded:
+        ws, info, view = _embedded_weight_section(art, weight_set, verify, copy)
         if info["kind"] != KIND_IRPA:
             raise ArtifactError(f"{art.path}: weight section {ws['section']!r} is {info['kind']}, expected {KIND_IRPA}")
-        try:
-            return irpa_index(view), ws["name"]
-        except RuntimeError as e:
-            raise ArtifactError(f"{art.path}: corrupt weight archive {ws['section']!r} ({str(e).splitlines()[0]})") from None
-    return _parameter_arrays(art, weights, weight_set, layer, verify)
+        with _corrupt_section(art, ws["section"]):
+            return irpa_index(view), ws["name"], not copy
+    arrays, name = _parameter_arrays(art, weights, weight_set, layer, verify, copy)
+    return arrays, name, embedded and not copy
 
 
-def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify) -> tuple[dict[str, np.ndarray], str]:
+@contextmanager
+def _corrupt_section(art: Artifact, section: str):
+    """A weight section that does not parse becomes one line: its checksum mismatch when the bytes changed after
+    writing (IREE's parser raises ValueError, IndexError or RuntimeError), else what the parser said."""
+    try:
+        yield
+    except ArtifactError:
+        raise
+    except (ValueError, IndexError, RuntimeError) as e:
+        art.verify([section])
+        raise ArtifactError(f"{art.path}: corrupt weight section {section!r} ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify,
+                      copy=False) -> tuple[dict[str, np.ndarray], str]:
     """Stored-form arrays by parameter name: from an embedded section or from external weights."""
     if weights is None and art.manifest["weights"].get("storage") == "embedded":
-        ws, info, view = _embedded_weight_section(art, weight_set, verify)
-        if info["kind"] == KIND_SAFETENSORS:
-            return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
-        return _irpa_arrays(art, view), ws["name"]
+        ws, info, view = _embedded_weight_section(art, weight_set, verify, copy)
+        with _corrupt_section(art, ws["section"]):
+            if info["kind"] == KIND_SAFETENSORS:
+                return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
+            return _irpa_arrays(art, view), ws["name"]
     src, set_name = _external_source(art, weights, weight_set, layer)
     raw = raw_weights(art, src)
     return stored_parameters(art.manifest, raw), set_name
@@ -188,7 +218,8 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
 
 def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw logical arrays -> the stored arrays the compiled module reads (dtype cast, padding, layout),
-    exactly as the compiler stored them (``mxmoe.core.stored_form.StoredForm``)."""
+    exactly as the compiler stored them (``mxmoe.core.stored_form.StoredForm``, which also refuses NaN weights).
+    The result is in memory: it never views the raw arrays, which may map checkpoint files."""
     missing = [p["name"] for p in manifest["parameters"] if p["name"] not in raw]
     if missing:
         raise WeightsError(f"weights lack tensors: {', '.join(missing)}")
@@ -207,7 +238,10 @@ def stored_parameters(manifest: dict, raw: Mapping[str, np.ndarray]) -> dict[str
             raise WeightsError(str(e)) from None
         if list(a.shape) != list(p["shape"]):
             raise WeightsError(f"weight '{p['name']}': expected shape {list(p['shape'])}, got {list(a.shape)}")
-        out[p["name"]] = np.ascontiguousarray(a)
+        stored = np.ascontiguousarray(a)
+        if np.may_share_memory(stored, raw[p["name"]]):
+            stored = stored.copy()  # never a view of a (memory-mapped) checkpoint: the module must not depend on it
+        out[p["name"]] = stored
     return out
 
 

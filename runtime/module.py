@@ -3,40 +3,69 @@
 Both call it the same way: inputs are checked against the entry signature, float inputs are converted to the
 entry's dtype, numpy in gives numpy out and torch in gives torch out. Code whose executor takes tensors itself
 (Triton: CUDA tensors stay on their device; any leading dims) gets them as they are and checks them itself.
+
+An empty batch (a first input with no elements: 0 tokens, as an expert-parallel rank without tokens sends) runs
+nothing: the outputs are empty arrays of the shapes ``mxmoe.core.signature.empty_outputs`` gives.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from mxmoe.core.bridge import to_torch
-from mxmoe.core.signature import EntrySignature, TensorSpec, check_inputs
+import numpy as np
+
+from mxmoe.core.bridge import numpy_dtype, to_torch
+from mxmoe.core.signature import EntrySignature, TensorSpec, check_inputs, empty_outputs
 
 
 class BoundModule:
     """Call it like the layer it was compiled from. Calls are safe from several threads at once (the executors
     serialise them)."""
 
-    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], executor, takes_tensors: bool):
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], executor, takes_tensors: bool,
+                 guard=None):
         self.inputs, self.outputs = list(inputs), list(outputs)
         self._executor = executor
         self._takes_tensors = takes_tensors
+        self._guard = guard  # called before every call (a loaded artifact checks its file did not change)
 
     @property
     def executor(self):
         return self._executor
 
     def __call__(self, *args):
+        if self._guard is not None:
+            self._guard()
         if self._takes_tensors:
             if len(args) != len(self.inputs):
                 want = ", ".join(s.describe() for s in self.inputs)
                 raise ValueError(f"expected {len(self.inputs)} input(s) ({want}), got {len(args)}")
+            if math.prod(args[0].shape) == 0:
+                self._check_trailing_dims(args[0].shape)
+                return self._unpack([to_torch(o, device=args[0].device) for o in self._empty(args[0].shape)])
             return self._executor(*args)  # it checks shapes itself ([..., H]: leading dims are flattened)
         arrays, any_torch = check_inputs(self.inputs, args)
-        outs = self._executor(*arrays)
+        outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._executor(*arrays)
         if any_torch:
             outs = [to_torch(o) for o in outs]
+        return self._unpack(outs)
+
+    @staticmethod
+    def _unpack(outs):
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _empty(self, shape) -> list[np.ndarray]:
+        return [np.zeros(s, numpy_dtype(o.dtype)) for s, o in zip(empty_outputs(self.inputs, self.outputs, shape),
+                                                                   self.outputs)]
+
+    def _check_trailing_dims(self, shape) -> None:
+        """The static dims a tensor-taking executor would have checked ([..., H]: any leading dims)."""
+        spec = self.inputs[0]
+        static = tuple(d for d in spec.shape if d is not None)
+        if len(shape) < len(spec.shape) or tuple(shape[len(shape) - len(static):]) != static:
+            raise ValueError(f"input '{spec.name}': expected [..., {', '.join(map(str, static))}] "
+                             f"({spec.describe()}), got shape {tuple(shape)}")
 
     def __repr__(self) -> str:
         sig = ", ".join(s.describe() for s in self.inputs)
@@ -48,11 +77,11 @@ class EntryPoints:
     ``modular``...): calling it runs the default (first) entry; ``entry(name)`` gives another as a
     :class:`BoundModule`. Entries share the loaded code and weights."""
 
-    def __init__(self, entries: Sequence[EntrySignature], code, executor):
+    def __init__(self, entries: Sequence[EntrySignature], code, executor, guard=None):
         if not entries:
             raise ValueError("a compiled module needs at least one entry point")
         self.entries = list(entries)
-        self._code, self._executor = code, executor
+        self._code, self._executor, self._guard = code, executor, guard
         self._bound: dict[str, BoundModule] = {}
 
     @property
@@ -65,7 +94,7 @@ class EntryPoints:
             raise ValueError(f"no entry point {name!r} (this module has: {', '.join(self.entry_names)})")
         if sig.name not in self._bound:
             self._bound[sig.name] = BoundModule(sig.inputs, sig.outputs, self._code.entry(self._executor, sig.name),
-                                                self._code.takes_tensors)
+                                                self._code.takes_tensors, self._guard)
         return self._bound[sig.name]
 
     @property

@@ -64,3 +64,38 @@ def linalg_matvec(monkeypatch):
     matvec_object.cache_clear()
     yield
     matvec_object.cache_clear()
+
+
+class CliResult:
+    """What one run of the installed ``mxmoe`` command did: exit status, stdout, stderr."""
+
+    def __init__(self, proc):
+        self.rc, self.out, self.err = proc.returncode, proc.stdout, proc.stderr
+
+    def error(self, *words) -> str:
+        """The one ``mxmoe: error: ...`` line, checked: exit status 1, no traceback, every one of ``words`` in it."""
+        lines = [ln for ln in self.err.strip().splitlines() if ln.startswith("mxmoe: error:")]
+        assert self.rc == 1 and len(lines) == 1 and "Traceback" not in self.err, (self.rc, self.out, self.err)
+        for w in words:
+            assert w in lines[0], lines[0]
+        return lines[0]
+
+
+@pytest.fixture(scope="session")
+def mxmoe_cli():
+    """``mxmoe_cli(*argv, cwd=None) -> CliResult``: the installed ``mxmoe`` console script in a subprocess, as users
+    run it. In-process calls of ``mxmoe.cli.main`` share the test process's imports (the custom ops already
+    registered, torch loaded) and so hide what a fresh process gets wrong; each subprocess pays the import (~0.2 s,
+    ~3 s once torch is needed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("mxmoe")
+
+    def run(*argv, cwd=None, timeout=600) -> CliResult:
+        env = {k: v for k, v in os.environ.items() if k != "MXMOE_DEBUG"}
+        return CliResult(subprocess.run([str(exe), *map(str, argv)], capture_output=True, text=True, cwd=cwd,
+                                        timeout=timeout, env=env))
+
+    return run

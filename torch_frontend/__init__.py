@@ -2,11 +2,11 @@
 
 from mxmoe.core.config import MoEConfig
 from mxmoe.torch_frontend import ops
-from mxmoe.torch_frontend.capture import capture
+from mxmoe.torch_frontend.capture import capture, load_program
 from mxmoe.torch_frontend.convert import ConversionReport, GptOssMoE, convert
 from mxmoe.torch_frontend.moe import MoE
 
-__all__ = ["MoE", "MoEConfig", "capture", "ops", "convert", "ConversionReport", "GptOssMoE"]
+__all__ = ["MoE", "MoEConfig", "capture", "load_program", "ops", "convert", "ConversionReport", "GptOssMoE"]
 
 
 def _register_backend_if_dynamo_loaded() -> None:

@@ -21,7 +21,10 @@ What the backend does with each FX graph dynamo hands it:
 
 Errors while compiling a region leave that region's original ops in the graph (they run their eager
 reference implementations) and emit one :class:`MxmoeFallbackWarning` per distinct region saying why;
-``fallback="raise"`` (backend option, or ``MXMOE_FALLBACK=raise``) raises :class:`MxmoeCompileError`.
+``fallback="raise"`` (backend option, or ``MXMOE_FALLBACK=raise``) raises :class:`MxmoeCompileError`. Weights a
+compiled region cannot bind (NaN weights, which mxmoe refuses) run the original ops until they change, with the
+same warning. A call that fails (a bad input) is that call's error, raised to its caller: it never demotes the
+region. An empty batch (0 tokens) returns an empty output without running anything.
 
 Options (``torch.compile(m, backend="mxmoe", options={...})``; environment variable in brackets):
 ``fallback`` "warn"|"raise" [MXMOE_FALLBACK], ``rest`` "inductor"|"eager" [MXMOE_REST],
@@ -120,8 +123,8 @@ _lock = threading.RLock()
 #: key -> _Compiled (vmfb + signature; holds no weights); key -> reason for regions that failed to compile
 _MEMORY: dict[str, "_Compiled"] = {}
 _FAILED: dict[str, str] = {}
-#: key -> reason, for compiled regions that failed when bound or run (they run their original ops since)
-_RUN_FAILED: dict[str, str] = {}
+#: (key, reason) of compiled regions whose weights could not be bound (said once each)
+_BIND_FAILED: set[tuple[str, str]] = set()
 _warned_rest: set[str] = set()
 
 
@@ -130,7 +133,7 @@ def reset() -> None:
     with _lock:
         _MEMORY.clear()
         _FAILED.clear()
-        _RUN_FAILED.clear()
+        _BIND_FAILED.clear()
         _warned_rest.clear()
         stats.reset()
 
@@ -335,13 +338,15 @@ class _Compiled:
         names = {int(k): v for k, v in m["source"]["param_names"].items()}
         return cls(key, template, names)
 
-    def bind(self, weights: dict[int, torch.Tensor]) -> Callable:
-        """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters."""
+    def bind(self, weights: dict[int, torch.Tensor], names: Optional[dict[int, str]] = None) -> Callable:
+        """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters; errors
+        name a weight by ``names[i]`` (the graph's name for region input ``i``)."""
         from mxmoe.compiler.parameters import store_parameters
 
         raw = {self.param_names[i]: to_numpy(t) for i, t in weights.items()}
         forms = self.template.stored_forms
-        stored = store_parameters(forms, raw) if forms else raw
+        labels = {self.param_names[i]: n for i, n in (names or {}).items()}
+        stored = store_parameters(forms, raw, labels) if forms else raw
         module = self.template.with_parameters(stored)
         module.bound()  # load now: a failure here is a binding failure, not a mid-run one
 
@@ -426,6 +431,8 @@ class _Region:
         self.key, self.sub, self.roles, self.compiled, self.opts = key, sub, roles, compiled, opts
         self.act_pos = [i for i, r in enumerate(roles) if r == "act"]
         self.weight_pos = [i for i, r in enumerate(roles) if r == "weight"]
+        inputs = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+        self.weight_names = {i: inputs[i] for i in self.weight_pos}  # e.g. l_self_modules_moe_buffers_w13_
         self.handle = next(_handles)
         self._bound: Optional[tuple] = None
         _INSTANCES[self.handle] = self
@@ -434,26 +441,35 @@ class _Region:
         return list(self.sub(*args))
 
     def __call__(self, args: list) -> list:
-        if self.key in _RUN_FAILED:
-            return list(self.sub(*args))
         ws = {i: args[i] for i in self.weight_pos}
         ident = tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device) for t in ws.values())
+        if self._bound is None or self._bound[0] != ident:
+            self._bound = (ident, self._bind(ws))
+        run = self._bound[1]
+        if run is None:  # these weights could not be bound: the original ops run until the weights change
+            return list(self.sub(*args))
+        # A call that fails (a bad input) is that call's error, raised to the caller; the region stays compiled.
+        return run(*(args[i] for i in self.act_pos))
+
+    def _bind(self, ws: dict) -> Optional[Callable]:
+        """The compiled module with these weights bound, or None (after one warning per region and reason) when
+        they cannot be: e.g. NaN weights, which mxmoe refuses and the original ops propagate."""
         try:
-            if self._bound is None or self._bound[0] != ident:
-                self._bound = (ident, self.compiled.bind(ws))
-                stats.binds += 1
-            return self._bound[1](*(args[i] for i in self.act_pos))
-        except Exception as e:  # a run-time failure of the compiled module: same policy as a compile failure
+            run = self.compiled.bind(ws, self.weight_names)
+        except Exception as e:
             if self.opts.fallback == "raise":
-                raise MxmoeCompileError(f"mxmoe: compiled MoE region failed at run time ({_one_line(e)})") from e
+                raise MxmoeCompileError(f"mxmoe: cannot bind the weights of a compiled MoE region "
+                                        f"({_one_line(e)})") from e
             stats.fallbacks += 1
             with _lock:
-                first = self.key not in _RUN_FAILED
-                _RUN_FAILED[self.key] = _one_line(e)
+                first = (self.key, _one_line(e)) not in _BIND_FAILED
+                _BIND_FAILED.add((self.key, _one_line(e)))
             if first:
-                warnings.warn(f"mxmoe: compiled MoE region failed at run time ({_one_line(e)}); "
-                              "running the original ops from now on", MxmoeFallbackWarning, stacklevel=2)
-            return list(self.sub(*args))
+                warnings.warn(f"mxmoe: cannot bind the weights of a compiled MoE region ({_one_line(e)}); running "
+                              "its original ops until they change", MxmoeFallbackWarning, stacklevel=3)
+            return None
+        stats.binds += 1
+        return run
 
 
 def _instance(handle: int, key: str) -> _Region:

@@ -1,11 +1,17 @@
-"""``capture``: torch.export of a module that contains mxmoe MoE layers, token count dynamic."""
+"""``capture``: torch.export of a module that contains mxmoe MoE layers, token count dynamic; ``load_program``:
+such a program saved as a ``.pt2``, read back."""
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch.export import Dim, ExportedProgram
+
+from mxmoe.torch_frontend import ops as _ops  # noqa: F401  (registers the mxmoe custom ops a saved program names)
 
 #: Upper bound for the dynamic token dimension; big enough for prefill of long prompts.
 MAX_TOKENS = 1 << 20
@@ -50,3 +56,22 @@ def capture(module: torch.nn.Module, example_inputs: Sequence[Any] | torch.Tenso
             shapes.append(None)
     with torch.no_grad():
         return torch.export.export(module, tuple(args), dynamic_shapes=tuple(shapes))
+
+
+def load_program(path: str | os.PathLike) -> ExportedProgram:
+    """A saved ExportedProgram (``.pt2``). torch can only rebuild the mxmoe ops' nodes once the ops are registered,
+    which importing this module does. ValueError naming the file when it is not a loadable program (torch's own
+    multi-page warnings about it are kept quiet)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: no such file")
+    log = logging.getLogger("torch.export")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return torch.export.load(str(p))
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a bad file
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ValueError(f"{p}: not a loadable torch.export program (.pt2): {first}") from None
+    finally:
+        log.setLevel(level)

@@ -39,7 +39,8 @@ class MoE(nn.Module):
     def __init__(self, weights: MoEWeights, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         if not isinstance(weights, MoEWeights):
-            raise TypeError(f"MoE: expected MoEWeights (e.g. MoEWeights.random(config)), got {type(weights).__name__}")
+            raise TypeError(f"MoE: expected MoEWeights, got {type(weights).__name__} (build them with MoEWeights(...), "
+                            "MoEWeights.from_numpy_dict(config, tensors) or MoE.random(config))")
         if dtype not in (torch.bfloat16, torch.float32, torch.float16):
             raise ValueError(f"MoE: activation dtype must be bfloat16, float16 or float32, got {dtype}")
         self.config: MoEConfig = weights.config
@@ -64,6 +65,8 @@ class MoE(nn.Module):
         """A layer with random MXFP4 weights (never all zero); ``config`` may be a preset name."""
         if isinstance(config, str):
             config = preset(config)
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"MoE.random: expected a MoEConfig or a preset name, got {type(config).__name__}")
         return cls(MoEWeights.random(config, seed=seed), dtype=dtype)
 
     @classmethod

@@ -89,8 +89,10 @@ def mxfp4_grouped_matmul(x: Tensor, ids: Tensor, w: Tensor, w_scale: Tensor, bia
     check_grouped_matmul(x, ids, w, w_scale, bias)
     t, k = ids.shape
     n = w.shape[1]
-    _check(ids.numel() == 0 or (-1 <= int(ids.min()) and int(ids.max()) < w.shape[0]), "mxfp4_grouped_matmul",
-           f"expert ids must be in 0..{w.shape[0] - 1} (or -1: not this layer's), got {int(ids.min())}..{int(ids.max())}")
+    if ids.numel():  # an empty batch (0 tokens) has no ids, and no min or max
+        lo, hi = int(ids.min()), int(ids.max())
+        _check(-1 <= lo and hi < w.shape[0], "mxfp4_grouped_matmul", f"expert ids must be in 0..{w.shape[0] - 1} "
+               f"(or -1: not this layer's), got {lo}..{hi}")
     xs = x.float() if x.dim() == 3 else x.float().unsqueeze(1).expand(t, k, x.shape[-1])
     out = torch.zeros((t, k, n), dtype=torch.float32, device=x.device)
     ids_l = ids.long()

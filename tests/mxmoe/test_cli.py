@@ -1,8 +1,11 @@
 """The mxmoe command line: compile from every kind of SOURCE, run --check, inspect, and the error exits.
 
-Commands run in-process through ``mxmoe.cli.main`` (fast); one test runs the installed console script.
-Each compile happens once per module (fixtures); numerics are checked by ``run --check``, which compares
-with the reference MoE computed from the artifact's own weights, or directly against the source module.
+Most commands run in-process through ``mxmoe.cli.main`` (fast). What depends on a fresh process's imports runs the
+installed console script in a subprocess (the ``mxmoe_cli`` fixture), as users do: the test process has the custom
+ops registered and torch loaded, which once hid that ``run --reference`` could not load a ``.pt2``. Bad inputs of
+every kind, through the console script, are in tests/test_bad_inputs.py. Each compile happens once per module
+(fixtures); numerics are checked by ``run --check``, which compares with the reference MoE computed from the
+artifact's own weights, or directly against the source module.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def test_compile_checkpoint_layer_with_external_weights(capsys, ckpt, work):
     assert "weights     external" in out and "'layer': 2" in out
 
 
-def test_compile_exported_program(capsys, work):
+def test_compile_exported_program(capsys, work, mxmoe_cli):
     layer = MoE.random("tiny", seed=8)
     ep = capture(layer, torch.randn(4, 64).to(torch.bfloat16))
     src = work / "layer.pt2"
@@ -180,11 +183,11 @@ def test_compile_exported_program(capsys, work):
     assert "MoE layer (E=8, k=2, H=64, I=96)" in out  # recognised as a bare MoE layer
     rc, out, err = cli(capsys, "run", p, "--check")
     assert rc == 0 and "torch reference" in out and "PASS" in out
-    rc, out, err = cli(capsys, "run", p, "--tokens", 12, "--check", "--reference", src)
-    assert rc == 0 and "exported-program" in out and "PASS" in out
+    r = mxmoe_cli("run", p, "--tokens", 12, "--check", "--reference", src)  # a fresh process loads the .pt2
+    assert r.rc == 0 and "exported-program" in r.out and "PASS" in r.out, r.out + r.err
 
 
-def test_compile_factory(capsys, work, monkeypatch):
+def test_compile_factory(capsys, work, monkeypatch, mxmoe_cli):
     (work / "my_block.py").write_text(textwrap.dedent("""
         import torch
         from mxmoe.torch_frontend import MoE
@@ -220,8 +223,10 @@ def test_compile_factory(capsys, work, monkeypatch):
     torch.export.save(capture(block, example), str(work / "block.pt2"))
     rc, out, err = cli(capsys, "compile", work / "block.pt2", "--target", "cpu", "-o", work / "block2.mxmoe", "-q")
     assert rc == 0, err
-    rc, out, err = cli(capsys, "run", work / "block2.mxmoe", "--check", "--reference", work / "block.pt2")
-    assert rc == 0 and "PASS" in out, out + err
+    r = mxmoe_cli("run", work / "block2.mxmoe", "--check", "--reference", work / "block.pt2")
+    assert r.rc == 0 and "PASS" in r.out, r.out + r.err
+    mxmoe_cli("run", work / "block2.mxmoe", "--check", "--reference", work / "my_block.py").error(
+        "my_block.py: not a loadable torch.export program (.pt2)")
 
 
 # ----------------------------------------------------------------------------------------- errors

@@ -128,7 +128,7 @@ def test_embedded_weights_are_memory_mapped(art):
     (lambda: np.zeros((4,), np.float32), "input 'x': expected rank 2 (x: bfloat16[?, 64]), got shape (4,)"),
     (lambda: np.zeros((4, 63), np.float32), "input 'x': dim 1 must be 64 (x: bfloat16[?, 64]), got shape (4, 63)"),
     (lambda: np.zeros((4, 64), np.int32), "input 'x': expected bfloat16, got int32"),
-    (lambda: np.zeros((0, 64), np.float32), "input 'x': dynamic dim 0 = 0 is outside 1..1048576"),
+    (lambda: np.zeros((0, 63), np.float32), "input 'x': dim 1 must be 64 (x: bfloat16[?, 64]), got shape (0, 63)"),
 ])
 def test_input_errors_say_exactly_what_is_wrong(mod, bad, message):
     with pytest.raises(ValueError) as e:
@@ -149,7 +149,7 @@ def test_dynamic_dim_bound_is_checked(art, tmp_path):
     assert mod(np.zeros((100, 64), np.float32)).shape == (100, 64)
     with pytest.raises(ValueError) as e:
         mod(np.zeros((101, 64), np.float32))
-    assert str(e.value) == "input 'x': dynamic dim 0 = 101 is outside 1..100"
+    assert str(e.value) == "input 'x': dynamic dim 0 = 101 is outside 0..100"
 
 
 def test_wrong_number_of_inputs(mod):

@@ -220,20 +220,96 @@ def test_inductor_failure_runs_the_rest_eagerly(shared_cache, monkeypatch):
     assert B.stats.regions == 2 and B.stats.fallbacks == 0
 
 
-def test_run_time_failure_of_a_compiled_region_falls_back(shared_cache, monkeypatch):
-    def broken_bind(self, weights):
+# ------------------------------------------------------------------------------ bad calls and bad weights
+def test_weights_a_compiled_region_cannot_bind_run_its_original_ops(shared_cache, monkeypatch):
+    def broken_bind(self, weights, names=None):
         raise RuntimeError("cannot load the module in this test")
 
     monkeypatch.setattr(B._Compiled, "bind", broken_bind)
     m = MoE.random(CFG, seed=0)
     f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
     with torch.no_grad():
-        with pytest.warns(B.MxmoeFallbackWarning, match="failed at run time .*cannot load the module"):
+        with pytest.warns(B.MxmoeFallbackWarning, match="cannot bind the weights .*cannot load the module"):
             y = f(_x(5))
         torch.testing.assert_close(y, m(_x(5)), atol=0, rtol=0)
         with warnings.catch_warnings():
             warnings.simplefilter("error", B.MxmoeFallbackWarning)  # said once, not at every call
             torch.testing.assert_close(f(_x(9, seed=2)), m(_x(9, seed=2)), atol=0, rtol=0)
+
+
+def test_nan_weights_run_the_original_ops_until_they_change(shared_cache):
+    """mxmoe refuses NaN weights (its routing would not propagate them); the region runs the original ops, which
+    do, and goes back to the compiled module once the weights are finite again."""
+    m = MoE.random(CFG, seed=0)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    x = _x(6, seed=4)
+    with torch.no_grad():
+        good = f(x)
+        saved = m.router_weight[1, 2].clone()
+        m.router_weight[1, 2] = float("nan")
+        bad = r"weight 'l_self_buffers_router_weight_' holds nan at index \[1, 2\]"
+        with pytest.warns(B.MxmoeFallbackWarning, match=bad):
+            y = f(x)
+        assert y.isnan().any()
+        torch.testing.assert_close(y, m(x), atol=0, rtol=0, equal_nan=True)
+        m.router_weight[1, 2] = saved
+        torch.testing.assert_close(f(x), good, atol=0, rtol=0)
+    assert B.stats.binds == 2 and B.stats.fallbacks == 1, B.stats
+
+
+class NormMoE(nn.Module):
+    """A LayerNorm and an MoE layer: the block of the empty-batch report."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.norm = nn.LayerNorm(CFG.hidden).to(torch.bfloat16)
+        self.moe = MoE.random(CFG, seed=seed)
+
+    def forward(self, x):
+        return x + self.moe(self.norm(x))
+
+
+def test_an_empty_batch_is_an_empty_output_not_a_compile_failure(shared_cache):
+    """0 tokens (an expert-parallel rank without tokens) demoted every same-shaped layer to the original ops."""
+    m = nn.Sequential(NormMoE(1), NormMoE(2))
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", B.MxmoeFallbackWarning)
+        with torch.no_grad():
+            for n in (5, 17):
+                torch.testing.assert_close(f(_x(n, seed=n)), m(_x(n, seed=n)), **BF16)
+            with pytest.raises(RuntimeError, match="dtype"):
+                f(_x(4, dtype=torch.float32))  # rightly fails (in the LayerNorm)
+            y = f(torch.zeros(0, CFG.hidden, dtype=torch.bfloat16))
+            assert y.shape == (0, CFG.hidden) and y.dtype == torch.bfloat16
+            torch.testing.assert_close(f(_x(9, seed=9)), m(_x(9, seed=9)), **BF16)
+    assert B.stats.fallbacks == 0, B.stats
+
+
+def test_a_failing_call_is_that_calls_error_and_the_region_stays_compiled(shared_cache, monkeypatch):
+    real_bind = B._Compiled.bind
+    calls = []
+
+    def bind(self, weights, *names):
+        run = real_bind(self, weights, *names)
+
+        def checked(*acts):
+            calls.append(acts[0].shape[0])
+            if acts[0].shape[0] == 13:
+                raise ValueError("13 tokens are refused in this test")
+            return run(*acts)
+        return checked
+
+    monkeypatch.setattr(B._Compiled, "bind", bind)
+    m = MoE.random(CFG, seed=0)
+    f = torch.compile(m, backend="mxmoe", options=_opts(shared_cache, rest="eager"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", B.MxmoeFallbackWarning)
+        with torch.no_grad():
+            with pytest.raises(ValueError, match="13 tokens are refused in this test"):
+                f(_x(13))
+            torch.testing.assert_close(f(_x(9, seed=2)), m(_x(9, seed=2)), **BF16)
+    assert calls == [13, 9] and B.stats.fallbacks == 0, (calls, B.stats)
 
 
 def test_bad_options_are_rejected():
