@@ -227,9 +227,21 @@ def cmd_compile(args) -> int:
 
     import mxmoe
 
+    entries = None
+    if args.entries:
+        from mxmoe.torch_frontend import MoE
+
+        if not isinstance(source, MoE):
+            raise CliError("--entries applies to MoE layers (--preset or a checkpoint), not to this SOURCE")
+        entries = "all" if args.entries == "all" else [e.strip() for e in args.entries.split(",") if e.strip()]
     with _Step(f"compiling for {target.name} (capture, import, passes, "
                f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
-        compiled = mxmoe.compile(source, target=target, example_inputs=example)
+        try:
+            compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries)
+        except (ValueError, NotImplementedError) as e:
+            if entries is None:
+                raise
+            raise CliError(str(e)) from None
     _say("  " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in compiled.timings.items()), args.quiet)
 
     options = {}
@@ -272,8 +284,8 @@ def cmd_compile(args) -> int:
     weight_bytes = sum(v for k, v in secs.items() if k.startswith("weights/"))
     sets = manifest["weights"]["sets"]
     print(f"compiled {_describe_source(desc, compiled)} for {target.name} in {total:.1f} s")
-    print(f"  entry   main({', '.join(s.describe() for s in compiled.inputs)}) -> "
-          f"{', '.join(s.describe() for s in compiled.outputs)}")
+    for e in compiled.entries:
+        print(f"  entry   {e.describe()}")
     wdesc = (f"embedded, {len(sets)} set(s), {_human(weight_bytes)}" if args.weights == "embedded"
              else f"external ({len(sets)} source(s)), read at load time")
     print(f"  wrote   {out}: {_human(size)} (module {_human(module_bytes)}, weights {wdesc})")
@@ -298,17 +310,25 @@ def _describe_source(desc: dict, compiled) -> str:
 
 # ============================================================================================ run
 
-def _random_inputs(specs, tokens: int, seed: int):
+def _random_inputs(specs, tokens: int, seed: int, model: dict | None = None):
+    """Random inputs for an entry: floats from N(0, 1); an MoE entry's routing inputs valid for the layer
+    (``topk_ids``: distinct global expert ids per token, ``topk_weights``: in (0.05, 1.05))."""
     import numpy as np
 
     from mxmoe.core.bridge import numpy_dtype
 
     rng = np.random.default_rng(seed)
+    cfg = (model or {}).get("config") or {}
+    experts = cfg.get("global_num_experts") or cfg.get("num_experts")
     out = []
     for s in specs:
         shape = tuple(tokens if d is None else d for d in s.shape)
         dt = numpy_dtype(s.dtype)
-        if dt.kind == "f" or dt.name == "bfloat16":
+        if s.name == "topk_ids" and experts and len(shape) == 2:
+            out.append(np.stack([rng.permutation(experts)[: shape[1]] for _ in range(shape[0])]).reshape(shape).astype(dt))
+        elif s.name == "topk_weights":
+            out.append((rng.random(shape, dtype=np.float32) + 0.05).astype(dt))
+        elif dt.kind == "f" or dt.name == "bfloat16":
             out.append(rng.standard_normal(shape, dtype=np.float32).astype(dt))
         else:
             out.append(rng.integers(0, 2, size=shape).astype(dt))
@@ -316,7 +336,6 @@ def _random_inputs(specs, tokens: int, seed: int):
 
 
 def cmd_run(args) -> int:
-    import numpy as np
 
     from mxmoe.runtime import load
     from mxmoe.runtime.artifact import Artifact
@@ -333,6 +352,23 @@ def cmd_run(args) -> int:
     with _Step(f"loading {args.artifact} for {art.target['name']}", args.quiet):
         mod = load(args.artifact, device=args.device, weights=args.weights, weight_set=args.weight_set,
                    layer=args.layer, verify=verify, copy=args.copy)
+    names = [args.entry] if args.entry else (mod.entry_names if args.check else mod.entry_names[:1])
+    if args.input and len(names) > 1:
+        names = names[:1]
+    failed = False
+    for name in names:
+        try:
+            entry = mod.entry(name)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        failed |= _run_entry(args, art, mod, entry, name, len(mod.entry_names) > 1) != 0
+    return EXIT_MISMATCH if failed else 0
+
+
+def _run_entry(args, art, mod, entry, name: str, named: bool) -> int:
+    """Run (and with --check, check) one entry; 0, or EXIT_MISMATCH when its check fails."""
+    import numpy as np
+
     if args.input:
         p = Path(args.input)
         if not p.is_file():
@@ -343,19 +379,20 @@ def cmd_run(args) -> int:
             raise CliError(f"{p}: not a .npy array ({_first_line(e)})") from None
         inputs = [x]
     else:
-        inputs = _random_inputs(mod.inputs, args.tokens, args.seed)
+        inputs = _random_inputs(entry.inputs, args.tokens, args.seed, art.manifest.get("model"))
     try:
-        out = mod(*inputs)  # first call (warm-up)
+        out = entry(*inputs)  # first call (warm-up)
     except ValueError as e:
         raise CliError(str(e)) from None
     times = []
     for _ in range(max(args.repeat, 1)):
         t0 = time.perf_counter()
-        out = mod(*inputs)
+        out = entry(*inputs)
         times.append(time.perf_counter() - t0)
     outs = out if isinstance(out, tuple) else (out,)
     tokens = inputs[0].shape[0] if inputs[0].ndim >= 1 else 1
-    print(f"ran {art.target['name']} module on {tuple(inputs[0].shape)} input ({tokens} tokens): "
+    what = f"{art.target['name']} module" + (f", entry {name}," if named else "")
+    print(f"ran {what} on {tuple(inputs[0].shape)} input ({tokens} tokens): "
           f"{np.median(times) * 1e3:.2f} ms (median of {len(times)}); output {tuple(outs[0].shape)} {outs[0].dtype}")
     if args.output:
         o = np.asarray(outs[0])
@@ -368,20 +405,20 @@ def cmd_run(args) -> int:
         print(f"  wrote {args.output} ({o.dtype})")
     if not args.check:
         return 0
-    ref, impl = _reference(args, mod, art, inputs)
+    ref, impl = _reference(args, entry, art, inputs, name)
     from mxmoe.core.reference import relative_error
 
     err = relative_error(np.asarray(outs[0], dtype=np.float32), ref)
     ok = err <= args.tol
     embedded = args.weights is None and art.manifest["weights"].get("storage") == "embedded"
     verified = "weights match their sha256; " if embedded else ""
-    print(f"check: {verified}max relative error vs the {impl} reference {err:.2e} (tolerance {args.tol:.0e}) -> "
-          f"{'PASS' if ok else 'FAIL'}")
+    print(f"check{f' ({name})' if named else ''}: {verified}max relative error vs the {impl} reference {err:.2e} "
+          f"(tolerance {args.tol:.0e}) -> {'PASS' if ok else 'FAIL'}")
     return 0 if ok else EXIT_MISMATCH
 
 
-def _reference(args, mod, art, inputs):
-    """The reference output (float32) for ``inputs`` from the artifact's own weights."""
+def _reference(args, mod, art, inputs, entry: str):
+    """The reference output (float32) of ``entry`` for ``inputs`` from the artifact's own weights."""
     import numpy as np
 
     from mxmoe.runtime.loader import logical_parameters, parameter_arrays
@@ -406,36 +443,51 @@ def _reference(args, mod, art, inputs):
     if not model or model.get("kind") != "moe":
         raise CliError(f"{art.path}: --check needs a reference; this artifact was compiled from a general module, "
                        "so give the exported program with --reference SOURCE.pt2")
-    if len(inputs) != 1:
-        raise CliError("--check of an MoE layer expects one input")
     stored, _ = parameter_arrays(art, args.weights, args.weight_set, args.layer)
     weights = weights_from_parameters(model, logical_parameters(art, stored))
-    return _layer_reference(weights, np.asarray(inputs[0], dtype=np.float32), numpy_dtype(mod.inputs[0].dtype),
+    return _layer_reference(weights, entry, inputs, numpy_dtype(mod.inputs[0].dtype),
                             prefer_torch=not args.numpy_reference)
 
 
-def _layer_reference(weights, x, activation_dtype, prefer_torch: bool):
-    """(reference output as float32, which implementation ran): mxmoe's torch layer where torch is installed,
-    else the numpy reference (same semantics; a deploy box may have no torch)."""
+#: an MoE entry's inputs after the hidden states, as the references name them (main: the layer entry's old name)
+_ENTRY_ARGS = {"layer": (), "main": (), "monolithic": ("router_logits",), "modular": ("topk_weights", "topk_ids")}
+
+
+def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch: bool):
+    """(reference output of ``entry`` as float32, which implementation ran): mxmoe's torch layer where torch is
+    installed, else the numpy reference (same semantics; a deploy box may have no torch)."""
     import numpy as np
 
     from mxmoe.core.reference import numpy_reference
 
+    if entry not in _ENTRY_ARGS:
+        raise CliError(f"--check knows the MoE entries {', '.join(_ENTRY_ARGS)}, not {entry!r}")
+    x = np.asarray(inputs[0], dtype=np.float32)
+    extra = dict(zip(_ENTRY_ARGS[entry], inputs[1:]))
     if prefer_torch:
         try:
             import torch
         except ImportError:
             torch = None
         if torch is not None:
-            from mxmoe.core.bridge import torch_dtype
+            from mxmoe.core.bridge import to_torch, torch_dtype
             from mxmoe.torch_frontend.moe import MoE
 
             tdt = torch_dtype(np.dtype(activation_dtype).name)
             layer = MoE(weights, dtype=tdt)
+            xt = torch.from_numpy(np.ascontiguousarray(x)).to(tdt)
             with torch.no_grad():
-                out = layer(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(tdt))
+                if entry == "monolithic":
+                    out = layer.monolithic(xt, to_torch(extra["router_logits"]).to(tdt))
+                elif entry == "modular":
+                    out = layer.modular(xt, to_torch(extra["topk_weights"]), to_torch(extra["topk_ids"]))
+                else:
+                    out = layer(xt)
             return out.float().numpy(), "torch"
-    return numpy_reference(weights, x, activation_dtype), "numpy"
+    np_entry = "layer" if entry == "main" else entry
+    return numpy_reference(weights, x, activation_dtype, entry=np_entry,
+                           **{k: np.asarray(v) if k == "topk_ids" else np.asarray(v, np.float32)
+                              for k, v in extra.items()}), "numpy"
 
 
 # ============================================================================================ inspect
@@ -523,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("source", nargs="?", help="model.pt2 | CHECKPOINT_DIR | module.path:factory")
     c.add_argument("--target", "-t", required=True, help="cpu, rocm:gfx942, rocm:gfx950, cuda:sm_90, cuda:sm_100")
     c.add_argument("-o", "--output", required=True, help="artifact file to write (e.g. model.mxmoe)")
+    c.add_argument("--entries", help="MoE layers: the entry points to compile, comma-separated (layer, monolithic, "
+                                     "modular) or 'all'; default: layer")
     c.add_argument("--preset", choices=sorted(PRESETS), help="compile a random example layer of this shape instead of SOURCE")
     c.add_argument("--seed", type=int, default=0, help="seed of the --preset layer's random weights")
     c.add_argument("--layer", type=int, help="checkpoint SOURCE: compile this MoE layer only (default: all MoE "
@@ -544,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "batch)")
     r.add_argument("--input", help=".npy file with the input instead of random data")
     r.add_argument("--output", help="write the output to this file, in .npy format (bfloat16 as float32)")
-    r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees")
+    r.add_argument("--check", action="store_true", help="compare with the reference; exit 3 if it disagrees "
+                                                        "(every entry of the artifact, unless --entry names one)")
+    r.add_argument("--entry", help="entry point to run (layer, monolithic, modular...; default: the first)")
     r.add_argument("--tol", type=float, default=DEFAULT_TOL, help=f"--check tolerance (default {DEFAULT_TOL})")
     r.add_argument("--numpy-reference", action="store_true", help="--check with the numpy reference even if torch is installed")
     r.add_argument("--reference", help="--check against this exported program (.pt2) instead of the MoE reference")

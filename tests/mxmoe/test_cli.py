@@ -341,3 +341,23 @@ def test_cuda_artifact_holds_cubins_and_runs_under_the_interpreter(capsys, work)
     assert_one_line_error(rc, err, "target cuda:sm_90 needs an NVIDIA Hopper GPU (sm_90)")
     rc, out, err = cli(capsys, "run", p, "--device", "interpret", "--tokens", 5, "--check", "--repeat", 1)
     assert rc == 0 and "PASS" in out, out + err
+
+
+def test_compile_every_entry_and_check_each(mxmoe_cli, tmp_path):
+    """`--entries all` puts the layer, monolithic and modular entries in one artifact over one weight set; inspect
+    lists them; `run --check` runs and checks each against the reference (its routing inputs valid for the layer);
+    `--entry` picks one; an unknown one is one line."""
+    art = tmp_path / "e.mxmoe"
+    r = mxmoe_cli("compile", "--preset", "tiny", "--target", "cpu", "--entries", "all", "-o", art, "-q")
+    assert r.rc == 0, r.err
+    r = mxmoe_cli("inspect", art)
+    assert all(f"entry       {name}(" in r.out for name in ("layer", "monolithic", "modular")), r.out
+    r = mxmoe_cli("run", art, "--check", "--tokens", 6)
+    assert r.rc == 0, r.err
+    assert [ln.split(":")[0] for ln in r.out.splitlines() if ln.startswith("check")] == [
+        "check (layer)", "check (monolithic)", "check (modular)"] and r.out.count("PASS") == 3, r.out
+    r = mxmoe_cli("run", art, "--check", "--tokens", 2, "--entry", "modular", "--numpy-reference")
+    assert r.rc == 0 and "check (modular)" in r.out and "numpy reference" in r.out, r.out + r.err
+    mxmoe_cli("run", art, "--entry", "sideways").error("no entry point 'sideways'", "layer, monolithic, modular")
+    mxmoe_cli("compile", "--preset", "tiny", "--target", "cpu", "--entries", "layer,sideways", "-o", art,
+              "-q").error("unknown entry 'sideways'")
