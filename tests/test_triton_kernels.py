@@ -397,7 +397,7 @@ def test_plan_round_trips_its_format_and_checks_it():
     a message naming the problem."""
     import json
 
-    plan = plan_layer(layer_spec(8, 3, 96, 160, interleaved=False), 90)
+    plan = plan_layer(layer_spec(8, 3, 96, 160, interleaved=False, bias=False), 90)
     d = plan.to_dict()
     assert json.dumps(KernelPlan.from_dict(json.loads(json.dumps(d))).to_dict()) == json.dumps(d)
     assert KernelPlan.from_dict(d) == plan
@@ -424,8 +424,7 @@ def test_class_tiles(target):
         cls = plan_layer(layer_spec(E, k, H, I, target), target[0]).shape_class(T)
         return TileConfig(**cls.tiles["w13"]), TileConfig(**cls.tiles["w2"])
 
-    decode, prefill = tiles(1)[0], tiles(2048)[0]
-    assert decode.BLOCK_M == 16 and prefill.BLOCK_M >= 64
+    assert tiles(1)[0].BLOCK_M == tiles(64)[0].BLOCK_M == 16 and tiles(2048)[0].BLOCK_M >= 64  # gemv, decode
     if target == SM100:  # dot_scaled: 1-4 tokens on narrow tiles and 2 warps
         assert tiles(4)[0].BLOCK_N < tiles(5)[0].BLOCK_N
     for T in (1, 4, 5, 64, 65, 256, 257, 1024, 2048, 4096, 16384):  # both GEMMs of one forward share BLOCK_M
