@@ -368,7 +368,7 @@ def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BL
             tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # as AOT compiles it (a JIT run at 1 token made it a constant)
 def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr,
                         sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                         cast_ptr, num_tokens,
