@@ -4,5 +4,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 P=/tmp/mxmoe_path/mxmoe
 rm -rf /tmp/mxmoe_path && mkdir -p "$P"
 for f in "$ROOT"/mxmoe/*; do ln -s "$f" "$P/$(basename "$f")"; done
-ln -s "$ROOT/compiler" "$P/compiler"; ln -s "$ROOT/runtime" "$P/runtime"; ln -s "$ROOT/torch_frontend" "$P/torch_frontend"
+for d in core kernels runtime compiler torch_frontend; do ln -s "$ROOT/$d" "$P/$d"; done
 export PYTHONPATH=/tmp/mxmoe_path${PYTHONPATH:+:$PYTHONPATH}

@@ -333,14 +333,12 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
 
 
 def launch_times(torch, ex, x) -> str:
-    specs, steps = ex._launches(x.shape[0])
-    buffers = {n: torch.zeros(s, dtype=d, device="cuda") for n, s, d, _ in specs}
+    buffers = {n: b.zero_() for n, b in ex.new_buffers(x.shape[0]).items()}
     parts, total = [], 0.0
-    for entry, grid, arg_specs in steps:
-        args = [x if k == "input" else buffers[r] if k == "buffer" else r for k, r in arg_specs]
-        t = time_cuda(torch, lambda: ex._launch(entry, grid, args), iters=30, graph=True)
+    for step in ex.steps(x.shape[0]):
+        t = time_cuda(torch, lambda: ex.launch(step, x, buffers), iters=30, graph=True)
         total += t
-        parts.append(f"{entry}={t * 1e6:.1f}")
+        parts.append(f"{step.entry}={t * 1e6:.1f}")
     return f"sum={total * 1e6:.1f}us " + " ".join(parts)
 
 
@@ -371,7 +369,7 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
     import torch
 
     from mxmoe.runtime.triton_executor import TritonExecutor
-    from mxmoe.kernels.triton.kernel_plan import read_bundle, shape_class
+    from mxmoe.kernels.triton.kernel_plan import KernelPlan, read_bundle
     from mxmoe.torch_frontend import MoE
 
     plan, _ = read_bundle(os.path.join(plans_dir, name))
@@ -379,18 +377,16 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
     params = params_from_layer(plan, layer)
     for T in tokens:
         x = sample_tokens(torch, T, layer.config.hidden)
-        cls = shape_class(plan, T)["name"]
+        cls = KernelPlan.from_dict(plan).shape_class(T).name
         base = TritonExecutor(plan, params, mode="jit")
         ref = base(x).float()
         for gemm, bn, bk, w, st in candidates:
             try:
                 ex = TritonExecutor(retile(plan, cls, gemm, bn, bk, w, st), params, mode="jit")
                 err = float((ex(x).float() - ref).abs().max())
-                specs, steps = ex._launches(T)
-                buffers = {n: torch.zeros(s, dtype=d, device="cuda") for n, s, d, _ in specs}
-                entry, grid, arg_specs = next(st_ for st_ in steps if st_[0] == f"{gemm}.sweep")
-                args = [x if k == "input" else buffers[r] if k == "buffer" else r for k, r in arg_specs]
-                t = time_cuda(torch, lambda: ex._launch(entry, grid, args), iters=30, graph=True)
+                buffers = {n: b.zero_() for n, b in ex.new_buffers(T).items()}
+                step = next(st_ for st_ in ex.steps(T) if st_.entry == f"{gemm}.sweep")
+                t = time_cuda(torch, lambda: ex.launch(step, x, buffers), iters=30, graph=True)
                 print(f"sweep {name} T={T} {gemm} N={bn} K={bk} w={w} s={st}: {t * 1e6:.1f} us (err {err:.3g})",
                       flush=True)
             except Exception as e:  # noqa: BLE001 - a sweep reports and moves on

@@ -1,6 +1,7 @@
 """From a module through ``mxmoe_pipeline`` to what runs on NVIDIA: kernel plan, cubins, weights.
 
-``compile_triton`` plans the kernels (:mod:`mxmoe.compiler.triton_plan`), then compiles every plan
+``compile_triton`` plans the kernels (:mod:`mxmoe.compiler.triton_plan` matches the layer,
+:mod:`mxmoe.kernels.triton.planner` plans it), then compiles every plan
 kernel ahead of time with ``triton.compile`` for the target's arch (no GPU needed). The weights were
 already padded and put into the layout the passes assigned (``mxmoe.compiler.parameters``); the plan
 names which of them feed which kernel argument. With ``interpret=True`` the cubins are skipped: the
@@ -9,6 +10,7 @@ module will run the same plan's kernels under Triton's interpreter on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Mapping
 
@@ -16,7 +18,8 @@ import numpy as np
 from iree.compiler import ir
 
 from mxmoe.compiler.targets import Target
-from mxmoe.compiler.triton_plan import fit_scale_range, plan_triton
+from mxmoe.compiler.triton_plan import plan_triton
+from mxmoe.kernels.triton.planner import fit_scale_range
 
 
 def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], target: Target, *,
@@ -26,14 +29,14 @@ def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], targ
     timings = timings if timings is not None else {}
     t0 = time.perf_counter()
     plan = plan_triton(module, target)
-    missing = sorted(set(plan["parameters"]) - set(parameters))
+    missing = sorted(set(plan.parameters) - set(parameters))
     if missing:
         raise ValueError(f"no array for weight global(s) {', '.join(missing)}")
-    for name, spec in plan["parameters"].items():
-        if list(parameters[name].shape) != list(spec["shape"]):
+    for name, spec in plan.parameters.items():
+        if list(parameters[name].shape) != list(spec.shape):
             raise ValueError(f"weight '{name}': stored shape {list(parameters[name].shape)} differs from the "
-                             f"plan's {spec['shape']}")
-    fit_scale_range(plan, parameters)
+                             f"plan's {list(spec.shape)}")
+    plan = fit_scale_range(plan, parameters)
     timings["triton_plan_s"] = time.perf_counter() - t0
     binaries: dict[str, bytes] = {}
     if not interpret:
@@ -41,6 +44,6 @@ def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], targ
 
         t0 = time.perf_counter()
         binaries, meta = compile_plan(plan)
-        plan["cubins"] = meta
+        plan = dataclasses.replace(plan, cubins=meta)
         timings["triton_compile_s"] = time.perf_counter() - t0
-    return plan, binaries
+    return plan.to_dict(), binaries

@@ -23,15 +23,15 @@ import ctypes
 import math
 import threading
 import warnings
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, NamedTuple
 
 import torch
 
 from mxmoe.core.bridge import to_numpy, to_torch, torch_dtype
 from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 from mxmoe.kernels.triton.expr import evaluate
-from mxmoe.kernels.triton.kernel_plan import PlanError, arg_type, environment, shape_class, validate
-from mxmoe.kernels.triton._launch import ensure_allocator
+from mxmoe.kernels.triton.kernel_plan import KernelPlan, PlanError, as_dict
+from mxmoe.kernels.triton.kernels import ensure_allocator
 from mxmoe.kernels.triton.tile_config import compile_stages
 
 MODES = ("auto", "cubin", "jit", "interpret")
@@ -129,48 +129,59 @@ class _CubinKernel:
 
 
 # ------------------------------------------------------------------------------------- executor
-def _check_scale_range(plan: Mapping[str, Any], params: Mapping[str, torch.Tensor]) -> None:
+def _check_scale_range(plan: KernelPlan, params: Mapping[str, torch.Tensor]) -> None:
     """A plan compiled with the one-multiply Hopper decode (``WIDE_SCALES=False``) is exact only for scale
     bytes <= 128: refuse other weights rather than return infinities."""
-    if not any(e["constexprs"].get("W_HOPPER") and not e["constexprs"].get("WIDE_SCALES", True)
-               for e in plan["kernels"].values()):
+    if not any(e.constexprs.get("W_HOPPER") and not e.constexprs.get("WIDE_SCALES", True)
+               for e in plan.kernels.values()):
         return
-    for name, spec in plan["parameters"].items():
-        if spec["role"] == "scales" and params[name].numel() and int(params[name].max()) > HOPPER_MAX_FAST_SCALE:
+    for name, spec in plan.parameters.items():
+        if spec.role == "scales" and params[name].numel() and int(params[name].max()) > HOPPER_MAX_FAST_SCALE:
             raise PlanError(f"parameter '{name}': scale byte {int(params[name].max())} > {HOPPER_MAX_FAST_SCALE}, "
                             "which this plan's decode was not compiled for (it was compiled from other weights); "
                             "recompile the layer with these weights")
 
 
-class TritonExecutor:
-    """A kernel plan bound to weights on one device; call it with hidden states [..., H]."""
+class Step(NamedTuple):
+    """One launch of a shape class at a token count: the plan's kernel entry, its kernel, the grid, and the
+    arguments as (kind, value): "value" (a parameter, scalar or dummy tensor), "input", or "buffer" (a name)."""
 
-    def __init__(self, plan: Mapping[str, Any], parameters: Mapping[str, Any],
+    entry: str
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple[tuple[str, Any], ...]
+
+
+class TritonExecutor:
+    """A kernel plan (a :class:`KernelPlan` or its dict) bound to weights on one device; call it with hidden
+    states [..., H]. ``plan`` keeps the plan as format-/1 data, ``kernel_plan`` as typed objects."""
+
+    def __init__(self, plan: Mapping[str, Any] | KernelPlan, parameters: Mapping[str, Any],
                  binaries: Mapping[str, bytes] | None = None, *, device: str | torch.device | None = None,
                  mode: str = "auto"):
-        validate(plan)
+        self.kernel_plan = kplan = KernelPlan.from_dict(plan)
+        self.plan = as_dict(plan)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.plan = plan
         if mode == "interpret":
             self.device = torch.device("cpu")
         else:
             if not torch.cuda.is_available():
-                raise RuntimeError(f"target {plan['target']} needs a CUDA GPU to run (none is visible); "
+                raise RuntimeError(f"target {kplan.target} needs a CUDA GPU to run (none is visible); "
                                    "compile with interpret=True to run its kernels on the CPU")
             self.device = torch.device(device or "cuda")
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
-        missing = sorted(set(plan["parameters"]) - set(parameters))
+        missing = sorted(set(kplan.parameters) - set(parameters))
         if missing:
             raise PlanError(f"no array for weight(s) {', '.join(missing)}")
         self.params = {}
-        for name, spec in plan["parameters"].items():
-            t = _to_torch(name, parameters[name], spec["dtype"], self.device)
-            if list(t.shape) != list(spec["shape"]):
-                raise PlanError(f"parameter '{name}': expected shape {spec['shape']}, got {list(t.shape)}")
+        for name, spec in kplan.parameters.items():
+            t = _to_torch(name, parameters[name], spec.dtype, self.device)
+            if list(t.shape) != list(spec.shape):
+                raise PlanError(f"parameter '{name}': expected shape {list(spec.shape)}, got {list(t.shape)}")
             self.params[name] = t
-        _check_scale_range(plan, self.params)
+        _check_scale_range(kplan, self.params)
         self._dummies: dict[str, torch.Tensor] = {}
         self._launch_cache: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -181,20 +192,21 @@ class TritonExecutor:
         self._cubins: dict[str, _CubinKernel] = {}
         if mode in ("interpret", "jit"):
             return mode
+        plan = self.kernel_plan
         major, minor = torch.cuda.get_device_capability(self.device)
         arch_here = 10 * major + minor
-        meta = self.plan.get("cubins", {})
+        meta = plan.cubins or {}
         reason = None
-        if not binaries or set(binaries) != set(self.plan["kernels"]) or set(meta) != set(self.plan["kernels"]):
+        if not binaries or set(binaries) != set(plan.kernels) or set(meta) != set(plan.kernels):
             reason = "the module carries no cubins for every plan kernel"
-        elif arch_here != self.plan["arch"]:
-            reason = f"the cubins are for sm_{self.plan['arch']}, this GPU is sm_{arch_here}"
+        elif arch_here != plan.arch:
+            reason = f"the cubins are for sm_{plan.arch}, this GPU is sm_{arch_here}"
         if reason is None:
             try:
                 driver = _Driver.get()
                 driver.ensure_context(self.device)
-                for name, entry in self.plan["kernels"].items():
-                    types = [arg_type(self.plan, a) for a in entry["args"]]
+                for name, entry in plan.kernels.items():
+                    types = [plan.arg_type(a) for a in entry.args]
                     self._cubins[name] = _CubinKernel(driver, bytes(binaries[name]), meta[name], types)
                 return "cubin"
             except Exception as e:  # noqa: BLE001 - reported below, then JIT takes over
@@ -212,29 +224,29 @@ class TritonExecutor:
         return self._dummies[dtype]
 
     def _launches(self, num_tokens: int) -> tuple:
-        """Per token count: (buffer specs, [(entry name, grid, [arg resolvers])]); cached."""
+        """Per token count: (buffer specs, [Step]); cached."""
         cached = self._launch_cache.get(num_tokens)
         if cached is not None:
             return cached
-        cls = shape_class(self.plan, num_tokens)
-        env = environment(cls, num_tokens)
-        buffers = [(name, tuple(evaluate(d, env) for d in b["shape"]), torch_dtype(b["dtype"]),
-                    b.get("init") == "zeros") for name, b in self.plan["buffers"].items()]
+        plan = self.kernel_plan
+        cls = plan.shape_class(num_tokens)
+        env = cls.environment(num_tokens)
+        buffers = [(name, tuple(evaluate(d, env) for d in b.shape), torch_dtype(b.dtype), b.init == "zeros")
+                   for name, b in plan.buffers.items()]
         steps = []
-        for launch in cls["launches"]:
-            entry = self.plan["kernels"][launch["kernel"]]
-            grid = tuple(evaluate(g, env) for g in launch["grid"])
+        for launch in cls.launches:
+            entry = plan.kernels[launch.kernel]
             args = []
-            for a in entry["args"]:
-                if a["bind"] == "expr":
-                    args.append(("value", evaluate(a["expr"], env)))
-                elif a["bind"] == "none":
-                    args.append(("value", self._dummy(a.get("dtype", "float32"))))
-                elif a["bind"] == "param":
-                    args.append(("value", self.params[a["ref"]]))
+            for a in entry.args:
+                if a.bind == "expr":
+                    args.append(("value", evaluate(a.expr, env)))
+                elif a.bind == "none":
+                    args.append(("value", self._dummy(a.dtype or "float32")))
+                elif a.bind == "param":
+                    args.append(("value", self.params[a.ref]))
                 else:
-                    args.append((a["bind"], a.get("ref")))
-            steps.append((launch["kernel"], grid, args))
+                    args.append((a.bind, a.ref))
+            steps.append(Step(launch.kernel, entry.kernel, tuple(evaluate(g, env) for g in launch.grid), tuple(args)))
         result = (buffers, steps)
         with self._lock:
             if len(self._launch_cache) > 256:
@@ -247,13 +259,13 @@ class TritonExecutor:
         was_numpy = not isinstance(x, torch.Tensor)
         if was_numpy:
             x = to_torch(x)
-        hidden = self.plan["input"]["hidden"]
+        hidden = self.kernel_plan.input.hidden
         if x.dim() < 2 or x.shape[-1] != hidden:
             raise ValueError(f"input 'x': expected [T, {hidden}] (or [..., {hidden}]), got shape {tuple(x.shape)}")
-        want = torch_dtype(self.plan["input"]["dtype"])
+        want = torch_dtype(self.kernel_plan.input.dtype)
         if x.dtype != want:
             if not x.is_floating_point():
-                raise ValueError(f"input 'x': expected {self.plan['input']['dtype']}, got {x.dtype}")
+                raise ValueError(f"input 'x': expected {self.kernel_plan.input.dtype}, got {x.dtype}")
             x = x.to(want)
         home = x.device
         if x.device != self.device:
@@ -266,30 +278,48 @@ class TritonExecutor:
     def __call__(self, x):
         shape = tuple(x.shape)
         x2, home, was_numpy = self._check_input(x)
-        num_tokens = x2.shape[0]
-        if num_tokens == 0:
+        if x2.shape[0] == 0:
             out = x2.new_empty(x2.shape)
         else:
-            out = self._run(x2, num_tokens)
+            out = self.run(x2)[self.kernel_plan.output]
         out = out.reshape(shape)
         if was_numpy:
             return to_numpy(out)
         return out if home == self.device else out.to(home)
 
-    def _run(self, x: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        buffer_specs, steps = self._launches(num_tokens)
+    # ------------------------------------------------------------- the launches one by one
+    def steps(self, num_tokens: int) -> list[Step]:
+        """The launches of ``num_tokens``'s shape class, in order, with grids and arguments resolved."""
+        return self._launches(num_tokens)[1]
+
+    def new_buffers(self, num_tokens: int) -> dict[str, torch.Tensor]:
+        """The plan's scratch buffers for ``num_tokens`` as a call allocates them: every zero-initialised one a
+        view of one zeroed allocation (one memset per forward), the others uninitialised."""
         buffers = {}
-        zeroed = [(name, shp, dtype) for name, shp, dtype, zero in buffer_specs if zero]
-        for name, shp, dtype, zero in buffer_specs:
-            if not zero:
+        zeroed = []
+        for name, shp, dtype, zero in self._launches(num_tokens)[0]:
+            if zero:
+                zeroed.append((name, shp, dtype))
+            else:
                 buffers[name] = torch.empty(shp, dtype=dtype, device=self.device)
-        # every zero-initialised buffer is a view of one zeroed allocation: one memset per forward
         sizes = [-(-math.prod(shp) * dtype.itemsize // 256) * 256 for _, shp, dtype in zeroed]
         pool = torch.zeros(sum(sizes), dtype=torch.uint8, device=self.device)
         offset = 0
         for (name, shp, dtype), size in zip(zeroed, sizes):
             buffers[name] = pool[offset:offset + math.prod(shp) * dtype.itemsize].view(dtype).view(shp)
             offset += size
+        return buffers
+
+    def run(self, x: torch.Tensor, *, kernels: Collection[str] | None = None,
+            buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Run the launches of the shape class of ``x`` ([T, H], on this executor's device, in the plan's dtype)
+        and return every buffer; a call is ``run(x)[plan output]``. ``kernels``: run only the launches of these
+        kernels (``"glu_gemm"``, ...; a plan's entries name them); ``buffers``: copied into the call's buffers
+        first. For tests of single kernels and for timing launches apart."""
+        num_tokens = x.shape[0]
+        bufs = self.new_buffers(num_tokens)
+        for name, value in (buffers or {}).items():
+            bufs[name].copy_(value)
         if self.mode == "interpret":
             from mxmoe.kernels.triton.kernels import interpreter_scope
 
@@ -297,24 +327,27 @@ class TritonExecutor:
         else:
             scope = contextlib.nullcontext()
         with scope:
-            for entry_name, grid, arg_specs in steps:
-                args = [x if kind == "input" else buffers[ref] if kind == "buffer" else ref for kind, ref in arg_specs]
-                self._launch(entry_name, grid, args)
-        return buffers[self.plan["output"]["buffer"]]
+            for step in self.steps(num_tokens):
+                if kernels is None or step.kernel in kernels:
+                    self.launch(step, x, bufs)
+        return bufs
 
-    def _launch(self, entry_name: str, grid: tuple[int, ...], args: list) -> None:
-        if min(grid) == 0:
+    def launch(self, step: Step, x: torch.Tensor, buffers: Mapping[str, torch.Tensor]) -> None:
+        """Launch one step of :meth:`steps` on input ``x`` and ``buffers`` (interpreted launches inside
+        ``mxmoe.kernels.triton.kernels.interpreter_scope()``, as :meth:`run` does)."""
+        if min(step.grid) == 0:
             return
+        args = [x if kind == "input" else buffers[ref] if kind == "buffer" else ref for kind, ref in step.args]
         if self.mode == "cubin":
-            self._cubins[entry_name].launch(grid, args, self.device)
+            self._cubins[step.entry].launch(step.grid, args, self.device)
             return
         import triton
 
         from mxmoe.kernels.triton.kernels import get_kernel
 
-        entry = self.plan["kernels"][entry_name]
-        fn = get_kernel(entry["kernel"], interpret=self.mode == "interpret")
-        stages = compile_stages(entry["kernel"], entry["constexprs"], entry["num_stages"], triton.__version__)
+        entry = self.kernel_plan.kernels[step.entry]
+        fn = get_kernel(entry.kernel, interpret=self.mode == "interpret")
+        stages = compile_stages(entry.kernel, entry.constexprs, entry.num_stages, triton.__version__)
         if self.mode == "jit":
             ensure_allocator()
-        fn[grid](*args, **entry["constexprs"], num_warps=entry["num_warps"], num_stages=stages)
+        fn[step.grid](*args, **entry.constexprs, num_warps=entry.num_warps, num_stages=stages)

@@ -170,7 +170,7 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
 
 def test_decode_class_with_many_experts_groups_from_block_counts():
     """128 experts: the decode class's router launch groups from per-token-block counts, the gemv class's
-    sorts in its one block; with 8 experts both sort (``compiler.triton_plan.few_token_scatter``)."""
+    sorts in its one block; with 8 experts both sort (``kernels.triton.planner.few_token_scatter``)."""
     def router_kernels(E):
         plan = mxmoe.compile(MoE.random(_cfg(E=E, k=4, H=256), seed=0), target="cuda:sm_90",
                              interpret=True).kernel_plan
@@ -243,36 +243,6 @@ def test_plan_expressions_reject_code():
             evaluate(bad, {"T": 1})
     with pytest.raises(ExprError, match="unknown name 'NB'"):
         evaluate("NB + 1", {"T": 1})
-
-
-@pytest.mark.parametrize("case", ["random_with_empty_experts", "one_expert"])
-def test_parallel_grouping_matches_single_program_grouping(case):
-    """The chunked histogram/scan/scatter kernels (mid and prefill classes) give exactly what the
-    one-program kernel (decode class) gives, across several chunks."""
-    from mxmoe.kernels.triton import group_by_expert
-    from mxmoe.kernels.triton.grouping import max_blocks
-    from mxmoe.kernels.triton.kernels import get_kernel, interpreter_scope
-
-    E, pow2, block_m, chunk, sub = 6, 8, 64, 1024, 256
-    gen = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, 3, (1300, 2), generator=gen) * 2 if case != "one_expert" else torch.full((1300, 2), 4)
-    ids = ids.int()  # experts 1, 3, 5 (and with one_expert all but 4) get no pairs
-    pairs = ids.numel()
-    ref = group_by_expert(ids, E, block_m)
-    nc, nb = -(-pairs // chunk), max_blocks(pairs, E, block_m)
-    counts = torch.empty(nc, pow2, dtype=torch.int32)
-    offsets, sorted_pairs = torch.empty(E + 1, dtype=torch.int32), torch.empty(pairs, dtype=torch.int32)
-    block_expert, block_start = torch.empty(nb, dtype=torch.int32), torch.empty(nb, dtype=torch.int32)
-    with interpreter_scope():
-        get_kernel("chunk_histogram", True)[(nc,)](ids, counts, pairs, EXPERTS_POW2=pow2, CHUNK=chunk, SUB=sub)
-        chunk_offsets = torch.empty_like(counts)
-        get_kernel("chunk_scan", True)[(1,)](counts, chunk_offsets, offsets, block_expert, block_start, nc, nb,
-                                             NUM_EXPERTS=E, EXPERTS_POW2=pow2, BLOCK_M=block_m, SUB=sub)
-        get_kernel("chunk_scatter", True)[(nc,)](ids, chunk_offsets, sorted_pairs, pairs, EXPERTS_POW2=pow2,
-                                                 CHUNK=chunk, SUB=sub)
-    assert torch.equal(sorted_pairs, torch.argsort(ids.flatten(), stable=True).int())
-    assert torch.equal(offsets, ref.expert_offsets)
-    assert torch.equal(block_expert, ref.block_expert) and torch.equal(block_start, ref.block_start)
 
 
 _INTERPRET_PROCESS = """

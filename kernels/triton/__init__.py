@@ -1,19 +1,14 @@
-"""NVIDIA (Triton) kernels for MXFP4 MoE layers: routing, grouping by expert, the two grouped
-MXFP4 GEMMs with fused GLU / combine, and ahead-of-time compilation of all of them.
+"""NVIDIA (Triton) kernels for MXFP4 MoE layers: routing, grouping by expert, the two grouped MXFP4 GEMMs
+with fused GLU / combine, their planner, and ahead-of-time compilation.
 
-The compiler drives them through a kernel plan (:mod:`.kernel_plan`, built by
-``mxmoe.compiler.triton_plan``, compiled by :func:`.aot.compile_plan`, run by
-``mxmoe.runtime.triton_executor``); the ``route`` / ``group_by_expert`` / ``moe_forward`` functions
-here launch the same kernels directly on tensors (tests, experiments)."""
+:func:`.planner.plan_layer` turns a layer (:class:`.planner.LayerSpec`) into a :class:`.kernel_plan.KernelPlan`
+(which kernels, constants, tiles and grids per token-count class); :func:`.aot.compile_plan` compiles its
+kernels to cubins, ``mxmoe.runtime.triton_executor`` runs it. The compiler builds a LayerSpec from the IR
+(``mxmoe.compiler.triton_plan``); tests build them directly. The planner and the plan import neither torch
+nor triton.
+"""
 
-from .aot import aot_compile
-from .grouping import ExpertGroups, group_by_expert
-from .layout import COL_MAJOR, HOPPER, HOPPER_TILED, LAYOUTS, ROW_MAJOR, WeightLayout
-from .moe import moe_forward, plan_moe_forward
-from .routing import route
-from .tile_config import TileConfig, choose_config
+from .kernel_plan import KernelPlan, PlanError
+from .planner import LayerSpec, StoredWeight, fit_scale_range, plan_layer
 
-__all__ = [
-    "COL_MAJOR", "ExpertGroups", "HOPPER", "HOPPER_TILED", "LAYOUTS", "ROW_MAJOR", "TileConfig", "WeightLayout",
-    "aot_compile", "choose_config", "group_by_expert", "moe_forward", "plan_moe_forward", "route",
-]
+__all__ = ["KernelPlan", "LayerSpec", "PlanError", "StoredWeight", "fit_scale_range", "plan_layer"]

@@ -1,16 +1,32 @@
-"""Triton kernels behind :mod:`.grouped_gemm`.
+"""The two grouped MXFP4 GEMMs of an MoE layer, and the cast of their fp32 accumulator.
 
-Both GEMMs run over the padded, expert-sorted row space of :class:`~.grouping.ExpertGroups`:
-program (b, n) computes rows ``block_start[b] + [0, BLOCK_M)`` of expert ``block_expert[b]``
-against BLOCK_N weight columns. Two ways to multiply by the MXFP4 weights:
+* ``glu_gemm_kernel``: w13 with bias and GLU activation fused -> activations [T*k, I] (bf16) in
+  expert-sorted row order, so the second GEMM reads its rows contiguously.
+* ``combine_gemm_kernel``: w2 with bias, routing-weight multiply and the combine back to token
+  order fused, by fp32 atomic adds into a zeroed [T, H] accumulator.
+
+Both run over the padded, expert-sorted row space the grouping kernels build (``sorted_pairs``,
+``expert_offsets``, ``block_expert``, ``block_start``): program (b, n) computes rows
+``block_start[b] + [0, BLOCK_M)`` of expert ``block_expert[b]`` against BLOCK_N weight columns. Two ways to
+multiply by the MXFP4 weights (the layout's flags, ``mxmoe.core.layouts.Layout.hopper_words`` / ``.tiles``):
 
 * ``W_HOPPER`` (sm_90, values in :data:`mxmoe.core.layouts.TRITON_HOPPER` order): the weight tile is decoded
   to bf16 in registers by a few integer ops and one bf16x2 multiply per pair of values, and is the
   *left* operand of a plain ``tl.dot`` against the gathered activation rows (``acc^T = W x^T``), so a
   warpgroup MMA reads it straight from registers; the accumulator is transposed once for the epilogue.
-* otherwise the weights are the rhs of ``tl.dot_scaled`` as a [BLOCK_K/2, BLOCK_N] uint8 tile packed
-  along K with a [BLOCK_N, BLOCK_K/32] e8m0 scale tile (Blackwell's native MXFP4 MMA; on Hopper
-  Triton upcasts them itself, at about twice the instructions per value).
+* otherwise the weights (the checkpoint's row-major order) are the rhs of ``tl.dot_scaled`` as a
+  [BLOCK_K/2, BLOCK_N] uint8 tile packed along K with a [BLOCK_N, BLOCK_K/32] e8m0 scale tile (Blackwell's
+  native MXFP4 MMA; on Hopper Triton upcasts them itself, at about twice the instructions per value).
+
+The values are always K-contiguous rows (``K_CONTIGUOUS`` must be True: plans of format /1 name the
+constant; an N-contiguous layout was measured, not faster, and needed ``num_stages=1`` on Hopper with
+Triton 3.6, so it is gone).
+
+Combine determinism: adds into one output element come from a token's k slots in whatever order
+their CTAs finish. Starting from 0, fp32 ``0 + a + b == 0 + b + a`` exactly, so top_k <= 2 is
+bitwise deterministic; for top_k >= 3 results may differ run to run in the last fp32 bit (well
+below the final bf16 rounding, which it can still flip rarely). The alternative, writing [T, k, H]
+and reducing, costs a full extra [T, k, H] write and read.
 """
 
 import os
@@ -63,15 +79,11 @@ TILE_BYTES = tl.constexpr(HOPPER_TILE_BYTES)
 
 
 @triton.jit
-def _value_tile(w_ptr, expert, cols, col_mask, k0,
-                N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
+def _value_tile(w_ptr, expert, cols, col_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed values [BLOCK_K/2, BLOCK_N] of one expert's columns (two e2m1 codes a byte, along K)."""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2)
-    if K_CONTIGUOUS:
-        w_offs = cols[None, :] * (K // 2) + kb[:, None]
-    else:
-        w_offs = kb[:, None] * N + cols[None, :]
+    w_offs = cols[None, :] * (K // 2) + kb[:, None]
     return tl.load(w_base + w_offs, mask=(kb[:, None] < K // 2) & col_mask[None, :], other=0)
 
 
@@ -166,10 +178,10 @@ def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row
         desc = _weight_descriptor(w_ptr, N, K, NUM_EXPERTS, BLOCK_N, BLOCK_K)
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     # scales prefetched one K step ahead, as in the dot_scaled loops
-    s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k_lo, N, K, BLOCK_K, True)
+    s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k_lo, N, K, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         s = s_next
-        s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, N, K, BLOCK_K, True)
+        s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, N, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
         if W_TMA:
@@ -218,15 +230,11 @@ def _hopper_tile(w_ptr, expert, rows, row_mask, k0, N: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def _scale_tile(s_ptr, expert, cols, col_mask, k0,
-                N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, K_CONTIGUOUS: tl.constexpr):
+def _scale_tile(s_ptr, expert, cols, col_mask, k0, N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """e8m0 scales [BLOCK_N, BLOCK_K/32] of one expert's columns; 127 (= 1.0) past K."""
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s_base = s_ptr + expert.to(tl.int64) * (N * K // 32)
-    if K_CONTIGUOUS:
-        s_offs = cols[:, None] * (K // 32) + ks[None, :]
-    else:
-        s_offs = ks[None, :] * N + cols[:, None]
+    s_offs = cols[:, None] * (K // 32) + ks[None, :]
     return tl.load(s_base + s_offs, mask=col_mask[:, None] & (ks[None, :] < K // 32), other=127)
 
 
@@ -273,11 +281,12 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
     odd c, so one dot yields matched gate/up pairs for either GLU layout and the activation is
     applied before anything leaves registers. x rows are gathered by token index in the loads.
-    W_TMA loads the weight tiles through a TMA descriptor (needs K-contiguous values and interleaved
-    gate/up rows, so that a tile's w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
+    W_TMA loads the weight tiles through a TMA descriptor (needs interleaved gate/up rows, so that a tile's
+    w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
     the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply; W_TILES: its values in the
-    tiled order (``mxmoe.core.layouts.TRITON_HOPPER_TILED``).
+    tiled order (``mxmoe.core.layouts.TRITON_HOPPER_TILED``). K_CONTIGUOUS: always True (module docstring).
     """
+    tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
@@ -308,22 +317,21 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         acc = tl.trans(acc_t)
     else:
         if W_TMA:
-            tl.static_assert(K_CONTIGUOUS and INTERLEAVED, "W_TMA needs K-contiguous values and interleaved gate/up")
+            tl.static_assert(INTERLEAVED, "W_TMA needs interleaved gate/up rows")
             desc = _weight_descriptor(w_ptr, 2 * INTERMEDIATE, HIDDEN, NUM_EXPERTS, BLOCK_N, BLOCK_K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         # The scale rows are too short for Triton's async-copy pipelining (BLOCK_K/32 bytes), so they
         # are prefetched one K step ahead by hand instead of stalling every step on a global load.
-        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
         for k0 in range(0, HIDDEN, BLOCK_K):
             s = s_next
-            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K,
-                                 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
             if W_TMA:
                 w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2]).T
             else:
-                w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K, K_CONTIGUOUS)
+                w = _value_tile(w_ptr, expert, cols, col_mask, k0, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
             acc = tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
@@ -360,7 +368,7 @@ def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BL
             tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # as AOT compiles it (a JIT run at 1 token made it a constant)
 def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr,
                         sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                         cast_ptr, num_tokens,
@@ -374,13 +382,14 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
     scatters, by token. A token receives exactly TOP_K adds, one per slot. W_TMA: weight tiles
-    through a TMA descriptor (K-contiguous values only). W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
+    through a TMA descriptor. W_HOPPER / WIDE_SCALES: as in glu_gemm_kernel.
     FUSED_CAST (the gemv class): ``out_ptr`` has T + 1 rows and the last program of each column tile writes
     the finished [T, BLOCK_N] tile to ``cast_ptr`` in its dtype, so no separate cast launch follows.
     SPLIT_K (Hopper path): grid axis 2 splits I into that many ranges of whole BLOCK_K steps, each program
     adding its partial sums (the bias with the first); at one token the w2 GEMM has few programs per SM.
     """
     tl.static_assert(SPLIT_K == 1 or W_HOPPER, "split-K is built for the Hopper path only")
+    tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
@@ -403,20 +412,18 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                                    k_lo, k_hi))
     else:
         if W_TMA:
-            tl.static_assert(K_CONTIGUOUS, "W_TMA needs K-contiguous values")
             desc = _weight_descriptor(w_ptr, HIDDEN, INTERMEDIATE, NUM_EXPERTS, BLOCK_N, BLOCK_K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+        s_next = _scale_tile(s_ptr, expert, cols, col_mask, 0, HIDDEN, INTERMEDIATE, BLOCK_K)
         for k0 in range(0, INTERMEDIATE, BLOCK_K):
             s = s_next  # prefetched one K step ahead, as in glu_gemm_kernel
-            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K,
-                                 K_CONTIGUOUS)
+            s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, HIDDEN, INTERMEDIATE, BLOCK_K)
             k = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < INTERMEDIATE), other=0.0)
             if W_TMA:
                 w = desc.load([expert * HIDDEN + pid_n * BLOCK_N, k0 // 2]).T
             else:
-                w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K, K_CONTIGUOUS)
+                w = _value_tile(w_ptr, expert, cols, col_mask, k0, HIDDEN, INTERMEDIATE, BLOCK_K)
             acc = tl.dot_scaled(a.to(tl.bfloat16), None, "bf16", w, s, "e2m1", acc)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)
@@ -429,21 +436,6 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                   mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
     if FUSED_CAST:
         _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N)
-
-
-@triton.jit
-def hopper_decode_kernel(w_ptr, s_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, WIDE_SCALES: tl.constexpr):
-    """out [N, K] bf16 = the MXFP4 weights of TRITON_HOPPER values [N, K/2] with scales [N, K/32] (one expert),
-    through the GEMMs' own decode: lets the tests check it value by value on every code and scale."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    expert = tl.full([], 0, tl.int32)
-    w = _hopper_tile(w_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K, False)
-    s = _scale_tile(s_ptr, expert, rows, rows < N, k0, N, K, BLOCK_K, True)
-    k = k0 + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None] * K + k[None, :], _hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES),
-             mask=(rows[:, None] < N) & (k[None, :] < K))
 
 
 @triton.jit

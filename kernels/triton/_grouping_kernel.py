@@ -1,4 +1,11 @@
-"""Triton kernel behind :mod:`.grouping`."""
+"""Grouping (token, slot) pairs by expert for the grouped GEMMs, without reading anything back to the host.
+
+The result: ``sorted_pairs[r]`` is the flat pair index t*k + j of sorted row r (rows [offsets[e],
+offsets[e+1]) belong to expert e, in pair order); block b of the padded row space (each expert's rows padded
+to BLOCK_M) covers sorted rows ``block_start[b] + [0, BLOCK_M)`` clipped to its expert's end, and
+``block_expert[b] == -1`` marks a block past the last group (its programs exit at once). Every size is a
+static bound from (T, k, E, BLOCK_M), so launch grids never wait on the GPU.
+"""
 
 import triton
 import triton.language as tl
@@ -34,7 +41,8 @@ def group_by_expert_kernel(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_
                            block_start_ptr, num_pairs, num_blocks,
                            NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                            BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
-    """:func:`group_pairs` as a kernel of one program."""
+    """:func:`group_pairs` as a kernel of one program: decode-class plans built before 2026-11-24 launch it
+    (their JIT fallback needs it); plans now sort inside the router launch."""
     group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_pairs,
                 num_blocks, NUM_EXPERTS, EXPERTS_POW2, BLOCK_M, CHUNK)
 

@@ -1,5 +1,5 @@
-"""Triton kernels behind :mod:`.routing` and the router of a kernel plan: the router linear (split along H),
-and top-k + softmax on the logits."""
+"""The router of a kernel plan: the router linear (split along H), top-k + softmax on the logits, and for few
+tokens both in one launch that also groups the pairs by expert."""
 
 import triton
 import triton.language as tl
@@ -43,22 +43,6 @@ def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr,
     out_mask = token_mask[:, None] & (slots[None, :] < TOP_K)
     tl.store(weights_ptr + out, weights, mask=out_mask)
     tl.store(ids_ptr + out, chosen_id, mask=out_mask)
-
-
-@triton.jit
-def route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens,
-                 NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
-                 SLOTS_POW2: tl.constexpr, BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr):
-    """One program routes BLOCK_T tokens from precomputed logits [T, E]."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    experts = tl.arange(0, EXPERTS_POW2)
-    token_mask = tokens < num_tokens
-    # Rows past the end re-read the last token (never stored) so no row is all -inf (NaN softmax).
-    rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
-    logits = tl.load(logits_ptr + rows[:, None] * NUM_EXPERTS + experts[None, :],
-                     mask=experts[None, :] < NUM_EXPERTS, other=-float("inf")).to(tl.float32)
-    _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr,
-                      TOP_K, EXPERTS_POW2, SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL)
 
 
 @triton.jit

@@ -22,8 +22,8 @@ class TileConfig:
     BLOCK_K: int
     num_warps: int
     num_stages: int
-    #: load weight tiles through TMA descriptors where the layout allows (K-contiguous values, and for
-    #: w13 interleaved gate/up rows); otherwise plain loads
+    #: load weight tiles through TMA descriptors where the layout allows (rows of values, and for w13
+    #: interleaved gate/up rows); otherwise plain loads
     W_TMA: bool = False
     #: launch order of the (row block, column tile) programs: 0 = row blocks fastest (programs in flight
     #: share a weight tile); G > 0 = G row blocks across all column tiles at a time (programs in flight
@@ -89,11 +89,11 @@ def shape_classes(num_experts: int, top_k: int) -> tuple[tuple[str, int | None],
     return (*classes, ("large", None))
 
 
-def use_tma(config: TileConfig, k_contiguous: bool, interleaved: bool = True, tiled: bool = False) -> bool:
+def use_tma(config: TileConfig, interleaved: bool = True, tiled: bool = False) -> bool:
     """Whether a GEMM loads its weight tiles through TMA: asked by the tile config and possible for the
-    layout (a tile's weight rows must be consecutive rows of K-contiguous bytes; for w13 that needs
-    the interleaved gate/up order; the tiled Hopper order is not rows at all)."""
-    return bool(config.W_TMA and k_contiguous and interleaved and not tiled)
+    layout (a tile's weight rows must be consecutive rows; for w13 that needs the interleaved gate/up order;
+    the tiled Hopper order is not rows at all)."""
+    return bool(config.W_TMA and interleaved and not tiled)
 
 
 def fused_cast(max_tokens: int | None) -> bool:
@@ -109,18 +109,10 @@ def is_few_tokens(max_tokens: int | None) -> bool:
     """Whether a class (by its largest token count) is memory-bound decode: its router splits H across
     programs, and the same launch routes and groups (``router_route_group`` / ``_scatter``: the last router
     program of each 16-token block routes it, the last block routed groups all pairs; see
-    compiler/triton_plan.py). On the H100 routing and grouping in one program saved 4-9% of the whole layer
+    kernels/triton/planner.py). On the H100 routing and grouping in one program saved 4-9% of the whole layer
     at 1 token and the router folded in another 1-2%; at 8-64 tokens one program routing all 64 padded
     tokens had been 0-5% slower, which routing per 16-token block avoids."""
     return max_tokens is not None and max_tokens <= DECODE_MAX_TOKENS
-
-
-def shape_class(num_tokens: int, num_experts: int, top_k: int) -> str:
-    """Name of the class a token count falls in (see :func:`shape_classes`)."""
-    for name, limit in shape_classes(num_experts, top_k):
-        if limit is None or num_tokens <= limit:
-            return name
-    raise AssertionError("unreachable: the last class is unbounded")
 
 
 #: Tiles of the Hopper decode path (weights decoded in registers as the MMA's left operand, so BLOCK_N
@@ -206,13 +198,6 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
     return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m, SPLIT_K=split_k)
-
-
-def choose_config(num_tokens: int, top_k: int, N: int, K: int, arch: int = 90, gemm: str = "glu", *,
-                  num_experts: int, hopper: bool = False) -> TileConfig:
-    """Tile shape for a grouped GEMM at ``num_tokens`` tokens: the config of their shape class
-    (the class bounds depend on the rows per expert, hence ``top_k`` and ``num_experts``)."""
-    return class_config(shape_class(num_tokens, num_experts, top_k), N, K, arch, gemm, hopper)
 
 
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:

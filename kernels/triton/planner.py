@@ -1,0 +1,381 @@
+"""The planner of the Triton kernels: one MoE layer (:class:`LayerSpec`) and an arch -> a :class:`KernelPlan`.
+
+The one place that decides which kernels run, with which constants, tiles and grids, for every token-count
+class of a layer (gemv / decode / sparse / mid / prefill / large, from :mod:`.tile_config`). The compiler
+calls it on the layer it matched in the IR (``mxmoe.compiler.triton_plan``), the tests on layers they make
+up, and both get the same plan for the same layer. Plain Python: no torch, no triton, no MLIR.
+
+A plan per class: the router launches (split along H for few tokens, where the same launch also routes and
+groups), the grouping launches (many tokens), the w13 GEMM with its GLU, the w2 GEMM with the combine, and
+the cast of the fp32 accumulator; every size is an expression of the token count ``T``, so the executor never
+reads a device value back and a forward can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from mxmoe.core.layouts import ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED, Layout, get_layout
+from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
+
+from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
+                          ShapeClass)
+from .tile_config import (GEMV_MAX_TOKENS, TileConfig, class_config, fused_cast, is_few_tokens, shape_classes,
+                          use_tma)
+
+#: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
+#: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
+KERNEL_LAYOUTS: tuple[Layout, ...] = (ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED)
+#: (token, slot) pairs per program of the parallel grouping kernels
+GROUP_CHUNK = 1024
+#: tokens per router program in the few-token classes (also one routing counter per such block)
+FEW_TOKEN_ROUTER_BLOCK = 16
+#: H per router program in the few-token classes, loaded in one step. H100, gpt-oss, 2026-11-24 (the router
+#: launch alone, CUPTI): 256 in four 64-wide steps 9.7 us at 1 token; one 256-wide step 8.0; 128 8.0; 64 8.1
+#: (all with the grouping below still at CHUNK 256).
+FEW_TOKEN_ROUTER_H = 128
+#: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token
+#: cast ran at 1.26 TB/s: the programs were too short.)
+CAST_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A weight parameter as stored for the kernels: its name (the artifact's / compiler's global), shape and
+    dtype (plan dtype names: "uint8", "bfloat16", ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LayerSpec(LayerInfo):
+    """What the kernels need to know of one MoE layer: its semantics (:class:`LayerInfo`: E, k, H, I, routing,
+    activation, gate/up order, activation dtype, weight layout) and the stored weights holding its router and
+    experts (absent biases None)."""
+
+    router_weight: StoredWeight
+    w13: StoredWeight
+    w13_scale: StoredWeight
+    w2: StoredWeight
+    w2_scale: StoredWeight
+    router_bias: StoredWeight | None = None
+    w13_bias: StoredWeight | None = None
+    w2_bias: StoredWeight | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("bfloat16", "float32"):
+            raise PlanError(f"the Triton kernels take bf16 or fp32 hidden states, not {self.dtype}")
+        kernel_layout(self.layout)
+
+    def info(self) -> LayerInfo:
+        return LayerInfo(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayerInfo)})
+
+
+#: LayerSpec weight field -> role in the plan (and the order of the plan's parameters)
+_ROLES = (("router_weight", "router_weight"), ("router_bias", "router_bias"), ("w13", "values"),
+          ("w13_scale", "scales"), ("w13_bias", "bias"), ("w2", "values"), ("w2_scale", "scales"), ("w2_bias", "bias"))
+
+
+def kernel_layout(name: str) -> Layout:
+    """The layout called ``name`` (``mxmoe.core.layouts``), if the GEMMs read it; PlanError otherwise."""
+    try:
+        layout = get_layout(name)
+    except ValueError:
+        layout = None
+    if layout not in KERNEL_LAYOUTS:
+        raise PlanError(f"weight layout {name!r} is not one the Triton kernels read "
+                        f"(known: {', '.join(lay.name for lay in KERNEL_LAYOUTS)})")
+    return layout
+
+
+def plan_layer(spec: LayerSpec, arch: int, target: str | None = None) -> KernelPlan:
+    """The kernel plan of ``spec`` for ``sm_<arch>`` (``target``: the name it records, ``cuda:sm_<arch>`` by
+    default). Decode constants assume any scale byte (``WIDE_SCALES``); see :func:`fit_scale_range`."""
+    layout = kernel_layout(spec.layout)
+    kernels = _Kernels()
+    cast = _cast_kernel(spec, kernels)
+    classes = tuple(_shape_class(spec, layout, arch, name, max_tokens, cast, kernels)
+                    for name, max_tokens in shape_classes(spec.num_experts, spec.top_k))
+    output = "output" if spec.dtype != "float32" else "accumulator"
+    return KernelPlan(target=target or f"cuda:sm_{arch}", arch=arch, layer=spec.info(),
+                      input=PlanInput("x", spec.dtype, spec.hidden), parameters=_parameters(spec),
+                      buffers=_buffers(spec, kernels.entries, output), kernels=kernels.entries, classes=classes,
+                      output=output)
+
+
+def fit_scale_range(plan: KernelPlan, scales: Mapping[str, Any]) -> KernelPlan:
+    """Let the Hopper decode multiply once per value pair (``WIDE_SCALES=False``) when every scale byte
+    of the layer is <= 128 (the factor 2^126 * 2^(s-127) is then a finite bf16); ``scales`` maps the
+    plan's scale parameters to their stored arrays (numpy or torch). A layer with a larger scale (weights past
+    +-12) or a NaN scale (255) keeps the two-multiply decode, which is exact for every scale. The executor
+    refuses weights that break the promise."""
+    names = [g for g, p in plan.parameters.items() if p.role == "scales"]
+    wide = any(_largest(scales[g]) > HOPPER_MAX_FAST_SCALE for g in names)
+    return plan.replace_constexprs({name: {"WIDE_SCALES": wide} for name, spec in plan.kernels.items()
+                                    if spec.constexprs.get("W_HOPPER")})
+
+
+def _largest(a) -> int:
+    """The largest value of a numpy array or torch tensor (0 when empty)."""
+    return int(a.max()) if (a.numel() if hasattr(a, "numel") else a.size) else 0
+
+
+def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
+    """(token, slot) pairs per step where one program sorts all pairs inside ``router_route_group``: the
+    class's largest pair count, at most 4096 one-hot entries a step. Each step is a [CHUNK, experts] one-hot
+    with a column scan, so a chunk far past the pairs there are is wasted work on the launch's critical path:
+    on the H100 the gemv-class router launch (gpt-oss-20b, 1 token, 128-wide H steps) took 8.0 us at CHUNK 256
+    and 4.9 at 16 (120b, 8 warps: 9.4 at 64 and 6.9 at 16); for 5-64 tokens CHUNK 128 (20b) / 32 (120b) were
+    the best of 16-256 at 8, 16, 33 and 64 tokens (20b 9.9 -> 6.6 us at 8 tokens, 120b 18.5 -> 10.1, counting
+    the 128-wide H steps too)."""
+    return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
+
+
+def few_token_scatter(max_tokens: int, experts_pow2: int) -> bool:
+    """Whether a few-token class's router launch groups from per-block counts (``router_route_scatter``)
+    rather than sorting all pairs in the last block routed (``router_route_group``): the decode class with
+    128+ experts. H100, 2026-11-24 ~18:45 (router launch, CUPTI; forwards in two interleaved rounds): for
+    gpt-oss-120b at 64 tokens the launch took 10.0 instead of 23.1 us (forward 581 -> 567 us uniform,
+    350 -> 338 skewed; 33 tokens 2-3% faster, 8 tokens 9.5 -> 8.5 us); for gpt-oss-20b (32 experts, whose
+    [128, 32] sort steps are cheap) the forward was level at 33-64 tokens and ~1 us slower at 8-17 (the
+    counts' global round trips), and at 1-4 tokens (one block of at most 16 pairs) sorting is cheaper for
+    both models (120b: 6.9 vs 7.1 us)."""
+    return max_tokens > GEMV_MAX_TOKENS and experts_pow2 >= 128
+
+
+# ------------------------------------------------------------------------------------ the pieces
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class _Kernels:
+    """The plan's kernel entries in the order they are added. An entry equal to one already there is not added
+    again: classes whose tiles coincide share one kernel (one cubin)."""
+
+    def __init__(self):
+        self.entries: dict[str, KernelSpec] = {}
+
+    def add(self, entry: str, kernel: str, args, constexprs: dict, num_warps: int, num_stages: int) -> str:
+        spec = KernelSpec(kernel, constexprs, num_warps, num_stages, tuple(args))
+        for name, existing in self.entries.items():
+            if existing == spec:
+                return name
+        self.entries[entry] = spec
+        return entry
+
+
+def _parameters(spec: LayerSpec) -> dict[str, Parameter]:
+    """Every stored weight the kernels read, by name, with its role and the layer operand it holds."""
+    out = {}
+    for operand, role in _ROLES:
+        weight = getattr(spec, operand)
+        if weight is not None:
+            out[weight.name] = Parameter(role, operand, tuple(weight.shape), weight.dtype)
+    return out
+
+
+def _weight(name: str, weight: StoredWeight | None) -> Arg:
+    """A kernel's pointer to a weight, or a dummy fp32 pointer for an absent bias."""
+    return Arg.param(name, weight.name) if weight is not None else Arg.none(name)
+
+
+def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) -> dict[str, Buffer]:
+    """The scratch of one call, as far as a kernel or the output uses it (e.g. no block counts without a
+    scatter). Sizes are expressions of T and the class vars (NB row blocks, RS router splits, NC chunks)."""
+    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
+    experts_pow2 = _pow2(E)
+    buffers = {
+        "router_partials": Buffer("float32", ("RS", "T", max(16, experts_pow2))),
+        "routing_weights": Buffer("float32", ("T", k)),
+        "expert_ids": Buffer("int32", ("T", k)),
+        "sorted_pairs": Buffer("int32", (f"T * {k}",)),
+        "chunk_counts": Buffer("int32", ("NC", experts_pow2)),
+        "chunk_offsets": Buffer("int32", ("NC", experts_pow2)),
+        "expert_offsets": Buffer("int32", (E + 1,)),
+        "block_expert": Buffer("int32", ("NB",)),
+        "block_start": Buffer("int32", ("NB",)),
+        "activations": Buffer("bfloat16", (f"T * {k}", I)),
+        # the few-token classes' router counts its programs here (router_route_group / _scatter)
+        "route_counter": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1",), "zeros"),
+        # ... and with router_route_scatter each routed token block counts its pairs per expert, with their
+        # ranks in the block
+        "block_pair_counts": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK})", experts_pow2)),
+        "pair_ranks": Buffer("int32", (f"T * {k}",)),
+        # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
+        # extra row (zeroed with the sums); see combine_gemm_kernel
+        "accumulator": Buffer("float32", ("T" if spec.dtype == "float32" else "T + 1", H), "zeros"),
+    }
+    if spec.dtype != "float32":
+        buffers["output"] = Buffer(spec.dtype, ("T", H))
+    used = {a.ref for entry in kernels.values() for a in entry.args if a.bind == "buffer"} | {output}
+    return {name: b for name, b in buffers.items() if name in used}
+
+
+#: the grouping's result as the GEMMs (and the fused router launch) take it
+_GROUPS = (Arg.buffer("sorted_pairs_ptr", "sorted_pairs"), Arg.buffer("expert_offsets_ptr", "expert_offsets"),
+           Arg.buffer("block_expert_ptr", "block_expert"), Arg.buffer("block_start_ptr", "block_start"))
+
+
+def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str | None:
+    """The fp32 accumulator -> output dtype copy (none for fp32 layers, whose output is the accumulator): the
+    combine needs fp32 for its atomics."""
+    if spec.dtype == "float32":
+        return None
+    return kernels.add("cast", "cast", [
+        Arg.buffer("src_ptr", "accumulator"), Arg.buffer("dst_ptr", "output"),
+        Arg.scalar("numel", f"T * {spec.hidden}", "i64")], {"BLOCK": CAST_BLOCK}, 4, 1)
+
+
+def _shape_class(spec: LayerSpec, layout: Layout, arch: int, name: str, max_tokens: int | None, cast: str | None,
+                 kernels: _Kernels) -> ShapeClass:
+    """One token-count class: its tiles (``class_config``; BLOCK_M is the class's, shared by both GEMMs, which
+    read one block map), then routing, grouping, the two GEMMs and the cast, in launch order."""
+    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
+    c13 = class_config(name, 2 * I, H, arch, hopper=layout.hopper_words)
+    c2 = class_config(name, H, I, arch, gemm="combine", hopper=layout.hopper_words)
+    bm, pairs = c13.BLOCK_M, f"T * {k}"
+    grouping = [] if is_few_tokens(max_tokens) else _grouping_launches(spec, name, bm, kernels)
+    glu = _glu_gemm(spec, layout, name, c13, kernels)
+    fuse_cast = cast is not None and fused_cast(max_tokens)  # gemv: the combine's last program per tile casts it
+    combine = _combine_gemm(spec, layout, name, c2, fuse_cast, kernels)
+    routing, splits = _router_launches(spec, name, max_tokens, bm, kernels)
+    launches = [*routing, *grouping, glu, combine]
+    if cast is not None and not fuse_cast:
+        launches.append(Launch(cast, (f"cdiv(T * {H}, {CAST_BLOCK})",)))
+    # NB: an upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one partial block,
+    # and at most min(E, T*k) experts are non-empty
+    return ShapeClass(name, max_tokens, {"NB": f"{pairs} // {bm} + min({E}, {pairs})", "RS": splits,
+                                         "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
+                      {"w13": dataclasses.asdict(c13), "w2": dataclasses.asdict(c2)}, tuple(launches))
+
+
+def _router_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
+                     kernels: _Kernels) -> tuple[list[Launch], int]:
+    """(launches, splits of H) of the router and routing for a class: few tokens split the router weight's H
+    across programs to stream it at bandwidth, and the same launch routes each token block in its last router
+    program and groups all pairs in the last block routed (:func:`_few_token_router`); many tokens don't
+    split, and route (and group, :func:`_grouping_launches`) in launches of their own."""
+    if is_few_tokens(max_tokens):
+        return _few_token_router(spec, cls, max_tokens, bm, kernels)
+    H = spec.hidden
+    gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec),
+                       _router_constexprs(spec, 64, H, max(16, min(64, _pow2(H)))), 4, 2)
+    route_consts = _route_constexprs(spec, 1)
+    route = kernels.add(f"route.{cls}", "route_partials", [
+        Arg.buffer("partial_ptr", "router_partials"), _weight("b_ptr", spec.router_bias),
+        Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
+        Arg.scalar("num_tokens", "T")], route_consts, 4, 1)
+    return [Launch(gemm, ("cdiv(T, 64)", "RS")), Launch(route, (f"cdiv(T, {route_consts['BLOCK_T']})",))], 1
+
+
+def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
+                      kernels: _Kernels) -> tuple[list[Launch], int]:
+    """Router, routing and grouping of 1-64 tokens in one launch (``router_route_group``, or with 128+ experts
+    in the decode class ``router_route_scatter``: :func:`few_token_scatter`). Each program loads its
+    FEW_TOKEN_ROUTER_H-wide slice of H in one step; 8 warps for 128+ experts (the routing program's [16, 128]
+    top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100."""
+    H, k, block_t = spec.hidden, spec.top_k, FEW_TOKEN_ROUTER_BLOCK
+    h_per_split = min(H, FEW_TOKEN_ROUTER_H)
+    splits = -(-H // h_per_split)
+    experts_pow2 = _pow2(spec.num_experts)
+    router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
+    args = _router_args(spec) + [
+        _weight("b_ptr", spec.router_bias), Arg.buffer("weights_ptr", "routing_weights"),
+        Arg.buffer("ids_ptr", "expert_ids"), *_GROUPS, Arg.scalar("num_blocks", "NB"),
+        Arg.buffer("counter_ptr", "route_counter")]
+    consts = {**router_consts, **_route_constexprs(spec, splits), "ROUTER_BLOCK_T": block_t,
+              "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm}
+    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
+    if few_token_scatter(max_tokens, experts_pow2):
+        fused = kernels.add(f"router_route_scatter.{cls}", "router_route_scatter", args + [
+            Arg.buffer("block_counts_ptr", "block_pair_counts"), Arg.buffer("ranks_ptr", "pair_ranks")],
+            {**consts, "TOKEN_BLOCKS_POW2": _pow2(-(-max_tokens // block_t)),
+             "LANES": min(1024, _pow2(max_tokens * k))}, warps, 2)
+    else:
+        fused = kernels.add(f"router_route_group.{cls}", "router_route_group", args,
+                            {**consts, "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2)}, warps, 2)
+    return [Launch(fused, (f"cdiv(T, {block_t})", "RS"))], splits
+
+
+def _router_args(spec: LayerSpec) -> list[Arg]:
+    return [Arg.input("x_ptr"), Arg.param("w_ptr", spec.router_weight.name),
+            Arg.buffer("partial_ptr", "router_partials"), Arg.scalar("num_tokens", "T")]
+
+
+def _router_constexprs(spec: LayerSpec, block_t: int, h_per_split: int, block_h: int) -> dict[str, Any]:
+    """The router GEMM's constants: fp32 partial sums of BLOCK_T tokens over H_PER_SPLIT of H, in BLOCK_H steps
+    (a tl.dot needs N >= 16 experts)."""
+    return dict(HIDDEN=spec.hidden, NUM_EXPERTS=spec.num_experts, EXPERTS_POW2=max(16, _pow2(spec.num_experts)),
+                H_PER_SPLIT=h_per_split, IEEE_FP32=spec.dtype == "float32", BLOCK_T=block_t, BLOCK_H=block_h)
+
+
+def _route_constexprs(spec: LayerSpec, splits: int) -> dict[str, Any]:
+    """The routing's constants: top-k + softmax of the summed partials, logits rounded to bf16 for bf16 layers
+    (as the layer's F.linear rounds them), at most 4096 logits per program."""
+    experts_pow2 = max(16, _pow2(spec.num_experts))
+    return dict(NUM_EXPERTS=spec.num_experts, TOP_K=spec.top_k, EXPERTS_POW2=experts_pow2,
+                SLOTS_POW2=_pow2(spec.top_k), SPLITS=splits, HAS_BIAS=spec.router_bias is not None,
+                ROUND_LOGITS_BF16=spec.dtype == "bfloat16", BLOCK_T=max(1, min(64, 4096 // experts_pow2)),
+                SOFTMAX_OVER_ALL=spec.routing == "softmax_topk" and not spec.renormalize)
+
+
+def _grouping_launches(spec: LayerSpec, cls: str, bm: int, kernels: _Kernels) -> list[Launch]:
+    """Many pairs: per-chunk histograms, one scan, a parallel scatter; the same stable order and block map as
+    the one-program sort (at 16384 tokens of gpt-oss-20b 965 us -> ~20 us each on the H100)."""
+    E, pairs = spec.num_experts, f"T * {spec.top_k}"
+    experts_pow2 = _pow2(E)
+    sub = max(16, min(256, 8192 // experts_pow2))
+    hist = kernels.add("chunk_histogram", "chunk_histogram", [
+        Arg.buffer("ids_ptr", "expert_ids"), Arg.buffer("chunk_counts_ptr", "chunk_counts"),
+        Arg.scalar("num_pairs", pairs)], dict(EXPERTS_POW2=experts_pow2, CHUNK=GROUP_CHUNK, SUB=sub), 4, 1)
+    scan = kernels.add(f"chunk_scan.{cls}", "chunk_scan", [
+        Arg.buffer("chunk_counts_ptr", "chunk_counts"), Arg.buffer("chunk_offsets_ptr", "chunk_offsets"),
+        *_GROUPS[1:], Arg.scalar("num_chunks", "NC"), Arg.scalar("num_blocks", "NB")],
+        dict(NUM_EXPERTS=E, EXPERTS_POW2=experts_pow2, BLOCK_M=bm, SUB=sub), 8, 1)
+    scatter = kernels.add("chunk_scatter", "chunk_scatter", [
+        Arg.buffer("ids_ptr", "expert_ids"), Arg.buffer("chunk_offsets_ptr", "chunk_offsets"),
+        Arg.buffer("sorted_pairs_ptr", "sorted_pairs"), Arg.scalar("num_pairs", pairs)],
+        dict(EXPERTS_POW2=experts_pow2, CHUNK=GROUP_CHUNK, SUB=sub), 4, 1)
+    return [Launch(hist, ("NC",)), Launch(scan, (1,)), Launch(scatter, ("NC",))]
+
+
+def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernels: _Kernels) -> Launch:
+    """The w13 GEMM: x rows gathered by token, bias and GLU in the epilogue, [T*k, I] bf16 out in expert-sorted
+    order; weights decoded in registers (Hopper words) or fed to tl.dot_scaled (row-major). K_CONTIGUOUS is
+    always True (format-/1 plans name it; the N-contiguous path is gone); WIDE_SCALES starts True
+    (:func:`fit_scale_range` may lower it)."""
+    consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
+                  HAS_BIAS=spec.w13_bias is not None, INTERLEAVED=spec.interleaved,
+                  SWIGLU_OAI=spec.activation == "swiglu_oai", ALPHA=spec.alpha, LIMIT=spec.limit, K_CONTIGUOUS=True,
+                  BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                  W_TMA=use_tma(cfg, spec.interleaved, layout.tiles), NUM_EXPERTS=spec.num_experts,
+                  GROUP_M=cfg.GROUP_M, W_HOPPER=layout.hopper_words, WIDE_SCALES=True, W_TILES=layout.tiles)
+    entry = kernels.add(f"glu_gemm.{cls}", "glu_gemm", [
+        Arg.input("x_ptr"), Arg.param("w_ptr", spec.w13.name), Arg.param("s_ptr", spec.w13_scale.name),
+        _weight("bias_ptr", spec.w13_bias), Arg.buffer("act_ptr", "activations"), *_GROUPS],
+        consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
+
+
+def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fuse_cast: bool,
+                  kernels: _Kernels) -> Launch:
+    """The w2 GEMM: bias, routing weight and the combine back to token order by fp32 atomics into the zeroed
+    accumulator; with ``fuse_cast`` its last program per column tile also writes the tile in the output dtype;
+    SPLIT_K programs per tile split I (the Hopper gemv tile)."""
+    consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
+                  HAS_BIAS=spec.w2_bias is not None, K_CONTIGUOUS=True,
+                  BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                  W_TMA=use_tma(cfg, tiled=layout.tiles), NUM_EXPERTS=spec.num_experts, GROUP_M=cfg.GROUP_M,
+                  W_HOPPER=layout.hopper_words, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=layout.tiles,
+                  SPLIT_K=cfg.SPLIT_K)
+    cast_to = Arg.buffer("cast_ptr", "output") if spec.dtype != "float32" else Arg.none("cast_ptr")
+    entry = kernels.add(f"combine_gemm.{cls}", "combine_gemm", [
+        Arg.buffer("act_ptr", "activations"), Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name),
+        _weight("bias_ptr", spec.w2_bias), Arg.buffer("routing_weights_ptr", "routing_weights"),
+        Arg.buffer("out_ptr", "accumulator"), *_GROUPS, cast_to, Arg.scalar("num_tokens", "T")],
+        consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", cfg.SPLIT_K))
