@@ -5,7 +5,8 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   # on a machine with the compiler (no GPU needed): kernel plans + sm_90 cubins, no weights
   python benchmarks/gpu_moe.py --build build/gpu_plans [--arch 90]
   # on the GPU machine (torch + triton; the repo importable as mxmoe, see benchmarks/_devpath.sh)
-  python benchmarks/gpu_moe.py --plans build/gpu_plans [--models gpt-oss-20b,gpt-oss-120b]
+  python benchmarks/gpu_moe.py --plans build/gpu_plans [--models 'gpt-oss-20b;gpt-oss-120b;64,6,2048,1408'] \
+      [--peer build/peers]     # triton_kernels (vLLM's Hopper MXFP4 MoE), timed in the same run
   # where one forward's time goes inside that graph (per launch: start, duration, gap; CUPTI)
   python benchmarks/gpu_moe.py --plans build/gpu_plans --timeline --tokens 1,8,64
 
@@ -31,17 +32,33 @@ MODELS = ("gpt-oss-20b", "gpt-oss-120b")
 TOKENS = (1, 8, 64, 512, 4096, 16384)
 
 
+def model_config(name: str):
+    """A preset name, or a layer shape ``E,k,H,I`` (gpt-oss semantics), as a MoEConfig."""
+    from mxmoe.core.config import MoEConfig, preset
+
+    if "," in name or name.startswith("shape-"):
+        e, k, h, i = (int(v) for v in name.removeprefix("shape-").replace("-", ",").split(","))
+        return MoEConfig(num_experts=e, top_k=k, hidden=h, intermediate=i)
+    return preset(name)
+
+
+def bundle_name(name: str) -> str:
+    """The plan bundle's folder for a model: the preset's name, or ``shape-E-k-H-I``."""
+    return "shape-" + name.replace(",", "-") if "," in name else name
+
+
 # ------------------------------------------------------------------------------------------ build
-def build(out_dir: str, arch: int, variants: list[tuple] = ()) -> None:
+def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) -> None:
     import torch
 
     import mxmoe
     from mxmoe.kernels.triton.kernel_plan import write_bundle
     from mxmoe.torch_frontend import MoE
 
-    for name in MODELS:
+    for model in models:
         # Plans depend only on shapes and semantics: a small-seeded random layer of the right shape.
-        layer = MoE.random(name, seed=0)
+        name = bundle_name(model)
+        layer = MoE.random(model_config(model), seed=0)
         cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),))
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
@@ -192,9 +209,12 @@ def skew_router(torch, layer, gen):
     layer.router_bias.add_(bias.to(layer.router_bias))
 
 
-def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, baseline: bool = True) -> None:
+def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, baseline: bool = True,
+        peer_dir: str | None = None) -> None:
     import torch
     import torch.nn.functional as F
+
+    from peer_triton_kernels import load as load_peer
 
     from mxmoe.runtime.triton_executor import TritonExecutor
     from mxmoe.kernels.triton.kernel_plan import read_bundle
@@ -206,18 +226,20 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
     print(f"device: {dev}; measured copy bandwidth {bw / 1e12:.2f} TB/s; dense bf16 {peak / 1e12:.0f} TFLOP/s",
           flush=True)
     lut = dequant_lut(torch, "cuda")
+    peer, why_not = load_peer(peer_dir)
+    print(f"peer: {'triton_kernels from ' + peer_dir if peer else 'none (' + why_not + ')'}", flush=True)
     header = (f"| model | routing | T | mode | mxmoe us | 1-call graph us | torch us | speedup | GB moved | % HBM | "
-              f"TFLOP | % bf16 peak | max err |")
+              f"TFLOP | % bf16 peak | max err | peer us | mxmoe vs peer | peer % HBM | peer % peak |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     cached = {}  # model -> (layer, its weights in the plan layout, layout): retiled bundles of a model share them
     for name in models:
-        plan, binaries = read_bundle(os.path.join(plans_dir, name))
+        plan, binaries = read_bundle(os.path.join(plans_dir, bundle_name(name)))
         model = name.split("@")[0]  # "MODEL@variant": a retiled plan of MODEL
         if model not in cached or cached[model][2] != plan["layer"]["layout"]:
             cached.clear()
             torch.cuda.empty_cache()
-            layer = MoE.random(model, seed=0).cuda()
+            layer = MoE.random(model_config(model), seed=0).cuda()
             cached[model] = (layer, params_from_layer(plan, layer), plan["layer"]["layout"])  # slow: once per model
         layer, params, _ = cached[model]
         uniform_bias = layer.router_bias.clone()
@@ -231,6 +253,8 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                       for shift in (1, 2, 3)]
             cfg = layer.config
             E, k, H, I = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate
+            peer_cannot = (why_not or "not loaded") if peer is None else peer.unsupported(cfg)
+            peer_layers = [peer.layer(layer) for _ in range(4)] if peer_cannot is None else []
             for T in tokens:
                 x = sample_tokens(torch, T, H)
                 with torch.no_grad():
@@ -251,10 +275,19 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                 expert_bytes = used * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32 + (2 * I + H) * 2)
                 moved = expert_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
                 flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * E * H
+                if peer_layers:  # the same timing: graphs cycling through 4 copies for T <= 512
+                    pl = peer_layers if T <= 512 else peer_layers[:1]
+                    pcalls = iter(range(1 << 62))
+                    t_peer = time_cuda(torch, lambda: peer.forward(pl[next(pcalls) % len(pl)], x), graph=T <= 512,
+                                       iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
+                    peer_cols = (f"{t_peer * 1e6:.1f} | {t_peer / t_mx:.2f}x | {100 * moved / t_peer / bw:.0f}% | "
+                                 f"{100 * flops / t_peer / peak:.1f}%")
+                else:
+                    peer_cols = f"n/a: {peer_cannot} | | |"
                 print(f"| {name} | {routing} | {T} | {ex.mode}{'+graph' if T <= 512 else ''} | {t_mx * 1e6:.1f} | "
                       f"{t_one * 1e6:.1f} | {t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
-                      f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} |", flush=True)
-            del ex, copies
+                      f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} | {peer_cols} |", flush=True)
+            del ex, copies, peer_layers
         layer.router_bias.copy_(uniform_bias)
     print(f"torch baseline GEMM: {BASELINE['gemm']}")
 
@@ -268,8 +301,8 @@ def breakdown(plans_dir: str, models: list[str], tokens: list[int], mode: str = 
     from mxmoe.torch_frontend import MoE
 
     for name in models:
-        plan, binaries = read_bundle(os.path.join(plans_dir, name))
-        layer = MoE.random(name.split("@")[0], seed=0).cuda()
+        plan, binaries = read_bundle(os.path.join(plans_dir, bundle_name(name)))
+        layer = MoE.random(model_config(name.split("@")[0]), seed=0).cuda()
         ex = TritonExecutor(plan, params_from_layer(plan, layer), binaries, mode=mode)
         for T in tokens:
             x = sample_tokens(torch, T, layer.config.hidden)
@@ -291,8 +324,8 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
     from mxmoe.torch_frontend import MoE
 
     for name in models:
-        plan, binaries = read_bundle(os.path.join(plans_dir, name))
-        layer = MoE.random(name.split("@")[0], seed=0).cuda()
+        plan, binaries = read_bundle(os.path.join(plans_dir, bundle_name(name)))
+        layer = MoE.random(model_config(name.split("@")[0]), seed=0).cuda()
         params = params_from_layer(plan, layer)
         exs = [TritonExecutor(plan, params, binaries)] + [
             TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
@@ -372,8 +405,8 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
     from mxmoe.kernels.triton.kernel_plan import KernelPlan, read_bundle
     from mxmoe.torch_frontend import MoE
 
-    plan, _ = read_bundle(os.path.join(plans_dir, name))
-    layer = MoE.random(name, seed=0).cuda()
+    plan, _ = read_bundle(os.path.join(plans_dir, bundle_name(name)))
+    layer = MoE.random(model_config(name), seed=0).cuda()
     params = params_from_layer(plan, layer)
     for T in tokens:
         x = sample_tokens(torch, T, layer.config.hidden)
@@ -402,7 +435,10 @@ def main(argv=None) -> int:
                     "'class:gemm:N:K:warps:stages[:tma][+class:gemm:...];...' (named MODEL@class-gemm-N-K-warps-stages[-tma][+...]; "
                     "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=";".join(MODELS),
+                    help="';'-separated presets or layer shapes E,k,H,I (gpt-oss semantics), e.g. 'gpt-oss-20b;64,6,2048,1408'")
+    ap.add_argument("--peer", metavar="DIR", help="folder holding triton_kernels/ (the Hopper peer, timed in the same "
+                                                   "run: bash ../shared/peers/get_triton_kernels.sh DIR)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
     ap.add_argument("--no-baseline", action="store_true", help="skip timing the torch baseline (tile sweeps)")
@@ -412,24 +448,25 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="auto", help="executor mode for --breakdown (auto, cubin, jit)")
     ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
     args = ap.parse_args(argv)
+    models = [m for m in args.models.split(";") if m]
     if args.build:
         variants = [[(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]
                     for v in args.variants.split(";") if v]
-        build(args.build, args.arch, variants)
+        build(args.build, args.arch, variants, models)
         return 0
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.breakdown:
-        breakdown(args.plans, args.models.split(","), tokens, args.mode)
+        breakdown(args.plans, models, tokens, args.mode)
         return 0
     if args.timeline:
-        timeline(args.plans, args.models.split(","), tokens)
+        timeline(args.plans, models, tokens)
         return 0
     if args.sweep:
         cands = [(c[0], *map(int, c[1:])) for c in (c.split(":") for c in args.sweep.split(";") if c)]
-        for name in args.models.split(","):
+        for name in models:
             sweep(args.plans, name, tokens, cands)
         return 0
-    run(args.plans, args.models.split(","), tokens, not args.no_check, not args.no_baseline)
+    run(args.plans, models, tokens, not args.no_check, not args.no_baseline, args.peer)
     return 0
 
 
