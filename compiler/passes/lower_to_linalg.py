@@ -295,12 +295,12 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
         if ukernel is not None and xel in cpu_ukernel.ACTIVATION_TYPES:
-            exes = (f"{fname}_quantize", f"{fname}_ukernel")
             # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
             deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
-            extra.append(cpu_ukernel.quantize_executable_text(exes[0], ukernel, kk, xel, k if x.rank == 2 else 1))
-            extra.append(cpu_ukernel.executable_text(exes[1], ukernel, e, n, kk, bias[1] if bias else None, deinterleave))
+            exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
+                                                  bias[1] if bias else None, deinterleave)
+            extra += texts
             ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes)
             # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
             y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "

@@ -1,10 +1,16 @@
 """Hand-written CPU microkernels that the cpu lowering links into IREE dispatches.
 
-The cpu target's grouped matvec (few tokens per expert) is compute bound on the MXFP4 decode; IREE's
-codegen reaches a table lookup only as an AVX2 gather. ``mxfp4_matvec.c`` does the decode with
-``vpshufb`` and the products with ``vpmaddwd`` (docs/cpu.md, "Microkernel"). At compile time it is built
-with the machine's C compiler into an ELF object that ``iree-compile`` links into the module (IREE's
-``hal.executable.objects``), so the compiled artifact carries it and the deploy machine needs no compiler.
+The cpu target's grouped MXFP4 matmul is bound by the decode (few tokens per expert) or the dot products
+(many); IREE's codegen reaches a table lookup only as a gather. ``mxfp4_matvec.c`` groups the rows by
+expert, decodes with table lookups and multiplies with the host's dot-product instructions (docs/cpu.md,
+"Microkernel"). At compile time it is built with the machine's C compiler into an ELF object that
+``iree-compile`` links into the module (IREE's ``hal.executable.objects``), so the compiled artifact carries
+it and the deploy machine needs no compiler.
+
+Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512bf16`` (AVX-512 with
+AVX512-BF16: exact bf16 dot products, ``vdpbf16ps``) and ``avx2`` (AVX2/FMA/F16C: int16 activations,
+``vpmaddwd``). ``MXMOE_CPU_UKERNEL=avx2`` forces the AVX2 one (the tests use it to keep it tested on an
+AVX-512 host).
 
 :func:`matvec_object` returns the object, or says why there is none (no C compiler, a host without
 AVX2/FMA/F16C, ``MXMOE_CPU_UKERNEL=0``): the lowering then uses its pure-linalg matvec.
@@ -29,20 +35,33 @@ SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
 #: the C entry point that quantizes its activation rows
 QUANTIZE_SYMBOL = "mxmoe_mxfp4_quantize_rows"
-#: CPU features the object is built for; the cpu target compiles for the host, so the host must have them
-REQUIRED_FEATURES = ("avx2", "fma", "f16c")
+#: the C entry point that groups the slots by expert
+GROUP_SYMBOL = "mxmoe_group_slots"
 #: freestanding, position independent, nothing from libc: what IREE's embedded ELF linking requires
-CFLAGS = ("-O3", "-std=c11", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-ffreestanding", "-fno-builtin",
-          "-fno-stack-protector", "-fno-plt", "-fno-asynchronous-unwind-tables", "-fvisibility=hidden")
+BASE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fno-plt",
+               "-fno-asynchronous-unwind-tables", "-fvisibility=hidden", "-fno-tree-loop-distribute-patterns")
+#: flavor -> (the CPU features it needs, its -m flags), best first. The cpu target compiles for the host, so
+#: the host must have the features of the flavor it links.
+FLAVORS = {
+    "avx512bf16": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
+                   ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                    "-mavx512bf16")),
+    "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+}
+#: CPU features any flavor needs
+REQUIRED_FEATURES = FLAVORS["avx2"][0]
+#: the flags of the AVX2 flavor (the one every x86-64 host with the microkernel can run)
+CFLAGS = BASE_CFLAGS + FLAVORS["avx2"][1]
 ENV_SWITCH = "MXMOE_CPU_UKERNEL"
 
 
 @dataclass(frozen=True)
 class Ukernel:
-    """The built object (``path``), or None and the ``reason`` there is none."""
+    """The built object (``path``) and its ``flavor``, or None and the ``reason`` there is none."""
 
     path: str | None
     reason: str = ""
+    flavor: str = ""
 
 
 def _compiler() -> str | None:
@@ -59,16 +78,30 @@ def _cache_dir() -> Path:
     return root / "ukernels"
 
 
+def host_flavor() -> str | None:
+    """The best flavor this host runs (None: not even the AVX2 one)."""
+    return next((name for name, (features, _) in FLAVORS.items() if has_cpu_features(*features)), None)
+
+
 @functools.cache
 def matvec_object() -> Ukernel:
-    """The microkernel object for this host, built once and cached by source, compiler and flags."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
+    """The microkernel object for this host, built once and cached by source, compiler and flags: the best
+    flavor the host runs and the compiler builds (``MXMOE_CPU_UKERNEL=<flavor>`` asks for one)."""
+    switch = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if switch in ("0", "off", "false", "no"):
         return Ukernel(None, f"{ENV_SWITCH}={os.environ[ENV_SWITCH]}")
     if platform.machine() not in ("x86_64", "AMD64"):
         return Ukernel(None, f"the microkernel is x86-64 only (this host is {platform.machine()})")
     missing = [f for f in REQUIRED_FEATURES if not has_cpu_features(f)]
     if missing:
         return Ukernel(None, f"the host CPU lacks {', '.join(missing)}")
+    if switch in FLAVORS:  # a forced flavor, if the host runs it
+        lacks = [f for f in FLAVORS[switch][0] if not has_cpu_features(f)]
+        if lacks:
+            return Ukernel(None, f"{ENV_SWITCH}={switch}: the host CPU lacks {', '.join(lacks)}")
+        candidates = [switch]
+    else:
+        candidates = [name for name, (features, _) in FLAVORS.items() if has_cpu_features(*features)]
     cc = _compiler()
     if cc is None:
         return Ukernel(None, "no C compiler found (set MXMOE_CC or CC, or install cc/gcc/clang)")
@@ -76,21 +109,32 @@ def matvec_object() -> Ukernel:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return Ukernel(None, f"C compiler {cc} does not run ({e})")
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *CFLAGS]).encode()).hexdigest()[:20]
-    out = _cache_dir() / f"mxfp4_matvec-{key}.o"
+    failure = None
+    for flavor in candidates:  # a compiler too old for a flavor's flags falls back to the next one
+        built = _build(cc, version, flavor)
+        if built.path:
+            return built
+        failure = failure or built
+    return failure
+
+
+def _build(cc: str, version: str, flavor: str) -> Ukernel:
+    flags = BASE_CFLAGS + FLAVORS[flavor][1]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *flags]).encode()).hexdigest()[:20]
+    out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}.o"
     if out.is_file():
-        return Ukernel(str(out))
+        return Ukernel(str(out), flavor=flavor)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".o", dir=out.parent)
         os.close(fd)
-        proc = subprocess.run([cc, *CFLAGS, "-c", str(SOURCE), "-o", tmp], capture_output=True, text=True,
+        proc = subprocess.run([cc, *flags, "-c", str(SOURCE), "-o", tmp], capture_output=True, text=True,
                               timeout=300)
         if proc.returncode != 0:
             os.unlink(tmp)
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
-            return Ukernel(None, f"{cc} failed on {SOURCE.name}: {first}")
+            return Ukernel(None, f"{cc} failed on {SOURCE.name}: {first}", flavor)
         os.replace(tmp, out)  # atomic: a concurrent compile sees a whole object or none
     except (OSError, subprocess.SubprocessError) as e:
-        return Ukernel(None, f"building {SOURCE.name} failed ({e})")
-    return Ukernel(str(out))
+        return Ukernel(None, f"building {SOURCE.name} failed ({e})", flavor)
+    return Ukernel(str(out), flavor=flavor)

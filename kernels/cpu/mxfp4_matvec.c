@@ -1,34 +1,47 @@
-/* mxmoe CPU microkernels: grouped MXFP4 matvec (weights in the cpu-mxfp4-blocksplit layout) and the
- * quantization of its activation rows.
+/* mxmoe CPU microkernels: grouping of a grouped matmul's rows by expert, and its MXFP4 matmul (weights in
+ * the cpu-mxfp4-blocksplit layout) with the preparation of its activation rows.
  *
  * Linked into IREE dispatches (hal.executable.objects) by the cpu lowering: freestanding C with no libc,
- * no writable globals, no TLS.  Needs x86-64 with AVX2, FMA and F16C; mxmoe checks the host has them
- * before it builds and links this file.  Every entry point is one IREE workgroup.
+ * no writable globals, no TLS.  Every entry point is one IREE workgroup.  Built in two flavors
+ * (mxmoe.kernels.cpu picks the best the host runs): "avx2" (AVX2, FMA, F16C) and "avx512bf16" (also
+ * AVX-512 F/BW/VL/DQ and AVX512-BF16), which adds the bf16 path below; the entry points and their
+ * buffers are the same in both, so the lowering does not depend on the flavor.
  *
- * Rows: a grouped matmul has S = tokens x top_k rows ("slots", flat token order).  The lowering sorts
- * them by expert on the device; order[p] is the slot at sorted position p.  The quantizer reads the
- * activation row of sorted row p from x[order[p] / div] and writes it in sorted order; the matvec reads
- * sorted rows and writes each result row back to its slot, out[order[p]], so what follows the kernel
- * works in token order with no gather.
- *
- * Activations (mxmoe_mxfp4_quantize_rows): int16 with one power-of-two scale per 32-value block.  E is
- * the binary exponent of the block's largest magnitude, clamped to [-100, 127]; q = round(x * 2^(14 - E))
- * (|q| <= 32767, ties to even), so every value within 2^7 of the block's largest is exact and smaller
- * ones are rounded to a multiple of 2^(E - 14).  The stored scale is 2^(E - 14) / 512 (the decode below
- * yields 512 x the e2m1 value); a block holding an inf or NaN gets q = 0 and a NaN scale.
+ * Rows: a grouped matmul has S = tokens x top_k rows ("slots", flat token order).  mxmoe_group_slots
+ * sorts them by expert (order[p] is the slot at sorted position p) and cuts each expert's rows into work
+ * items of at most `chunk` rows.  The activation step reads the row of sorted row p from x[order[p] / div]
+ * and writes it in sorted order; the matmul reads sorted rows and writes each result row back to its slot,
+ * out[order[p]], so what follows the kernel works in token order with no gather.
  *
  * Weights: in each 32-value block (16 bytes) byte b holds value b in its low nibble and value b + 16 in
- * its high nibble.  A nibble indexes (vpshufb) a table of 2 x the e2m1 value as an int8 (0, 1, 2, 3, 4,
- * 6, 8, 12 and negatives), which is interleaved above a zero byte: an int16 of 512 x the value.  A block's
- * products are then one exact integer sum (vpmaddwd): |sum| <= 32 x 3072 x 32767 < 2^32 is a multiple of
- * 512 whose quotient is < 2^24, so the int32 sum and its f32 conversion are exact, and the block is scaled
- * once by (weight scale x activation scale), both powers of two.  Only the f32 accumulation over blocks
- * rounds.
+ * its high nibble.  Blocks go in pairs (32 bytes).
  *
- * Data order: blocks go in pairs (one ymm of 32 weight bytes).  xq holds, per pair, the int16 activations
- * in the order the decode produces them: [block 2p values 8j..8j+7 | block 2p+1 values 8j..8j+7] for
- * j = 0..3 (64 values; zeros for a missing last block).  xs holds one scale per block, a row padded with
- * zeros to a multiple of 8 blocks: the kernel reads the scales of 4 pairs at once.
+ * int16 path (avx2 flavor; f16 activations in both flavors).  Activations (mxmoe_mxfp4_quantize_rows):
+ * int16 with one power-of-two scale per 32-value block.  E is the binary exponent of the block's largest
+ * magnitude, clamped to [-100, 127]; q = round(x * 2^(14 - E)) (|q| <= 32767, ties to even), so every
+ * value within 2^7 of the block's largest is exact and smaller ones are rounded to a multiple of
+ * 2^(E - 14).  The stored scale is 2^(E - 14) / 512 (the decode below yields 512 x the e2m1 value); a
+ * block holding an inf or NaN gets q = 0 and a NaN scale.  A nibble indexes (vpshufb) a table of 2 x the
+ * e2m1 value as an int8 (0, 1, 2, 3, 4, 6, 8, 12 and negatives), which is interleaved above a zero byte:
+ * an int16 of 512 x the value.  A block's products are then one exact integer sum (vpmaddwd): |sum| <=
+ * 32 x 3072 x 32767 < 2^32 is a multiple of 512 whose quotient is < 2^24, so the int32 sum and its f32
+ * conversion are exact, and the block is scaled once by (weight scale x activation scale), both powers of
+ * two.  Only the f32 accumulation over blocks rounds.  xq holds, per pair, the int16 activations in the
+ * order the decode produces them: [block 2p values 8j..8j+7 | block 2p+1 values 8j..8j+7] for j = 0..3
+ * (64 values; zeros for a missing last block).  xs holds one scale per block, a row padded with zeros to
+ * a multiple of 8 blocks: the kernel reads the scales of 4 pairs at once.
+ *
+ * bf16 path (avx512bf16 flavor, bf16 activations): exact.  The activations are the bf16 values
+ * themselves, only reordered per pair to the order the decode produces ([block 2p values 0..15 | block
+ * 2p+1 values 0..15 | block 2p values 16..31 | block 2p+1 values 16..31], 64 bf16 in the int16 buffer
+ * xq; xs is not used).  The 32 weight bytes of a pair widen to 32 words (vpmovzxbw); each nibble, plus 16
+ * for the second block, indexes (vpermw) a 32-entry table of the e2m1 values as bf16 whose exponents
+ * have the block's scale added (value x 2^(s - 127) is an exact bf16 for scale bytes 2..252; a row whose
+ * scales leave that range takes an f32 decode, exact up to bf16 subnormals, NaN for byte 255), so the
+ * products are exact and vdpbf16ps accumulates them in f32: the only rounding is the f32 accumulation,
+ * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded pair stays in
+ * registers and meets each row (the matvec); more rows: 4 weight rows are decoded to a buffer once and a
+ * 4 x 6 register block of dot products runs over them (the GEMM), so the decode is shared by every row.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -65,7 +78,70 @@ static inline float bias_value(const void *bias, size_t kind, size_t i) {
   }
 }
 
-/* ------------------------------------------------------------------------------------ quantization */
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define MXMOE_BF16 1
+#else
+#define MXMOE_BF16 0
+#endif
+
+/* ---------------------------------------------------------------------------------------- grouping */
+
+/* Groups the S slots by expert in O(S + E): counts per expert, a prefix sum, a stable scatter; then cuts
+ * each used expert's rows into work items of at most `chunk` rows (as equal as they can be).  A slot whose
+ * id is outside [0, E) (the fused-MoE interface's -1, "not on this rank") belongs to no expert: it goes
+ * after every valid slot, and the matmul gives it an output row of zeros and no work.
+ *
+ * order[p]: the slot at sorted position p (the valid slots by expert, each expert's in slot order, then
+ * the invalid ones).  info [2 cap], cap = E + S / chunk (>= the number of items): info[2i] is item i's
+ * first sorted row, info[2i + 1] its expert id | rows << 32 (items by expert; the rest of info is zero).
+ * counts[0] = the number of items, counts[1] = nvalid (the number of valid slots).  The last E entries of
+ * info count the rows per expert while it runs (the items written never reach an expert's counter
+ * before it was read), so no scratch is needed.  One workgroup; S < 2^31. */
+void mxmoe_group_slots(MEMREF(const int32_t, ids), MEMREF(int32_t, order), MEMREF(int64_t, info),
+                       MEMREF(int32_t, counts), size_t S, size_t E, size_t chunk) {
+  const int32_t *id = AT(ids);
+  const size_t cap = E + S / chunk;
+  int64_t *tab = AT(info), *cur = tab + 2 * cap - E; /* per expert: its count, then its next free row */
+  for (size_t e = 0; e < E; ++e) cur[e] = 0;
+  size_t nvalid = 0;
+  for (size_t s = 0; s < S; ++s)
+    if ((uint32_t)id[s] < (uint32_t)E) ++cur[id[s]], ++nvalid;
+  int64_t next = 0;
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t c = cur[e];
+    cur[e] = next;
+    next += c;
+  }
+  int32_t *ord = AT(order);
+  size_t inv = nvalid;
+  for (size_t s = 0; s < S; ++s) {
+    const uint32_t e = (uint32_t)id[s];
+    if (e < (uint32_t)E) ord[cur[e]++] = (int32_t)s;
+    else ord[inv++] = (int32_t)s;
+  }
+  /* cur[e] is now the end of expert e's rows.  Items of experts <= e take at most 2 (e + 1 + S / chunk)
+   * entries, below cur[e + 1] = tab[2 cap - E + e + 1] since E >= e + 1. */
+  int64_t start = 0;
+  size_t items = 0;
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t end = cur[e], rows = end - start;
+    if (rows > 0) {
+      const int64_t pieces = (rows + (int64_t)chunk - 1) / (int64_t)chunk;
+      for (int64_t i = 0; i < pieces; ++i) {
+        const int64_t r0 = start + rows * i / pieces, r1 = start + rows * (i + 1) / pieces;
+        tab[2 * items] = r0;
+        tab[2 * items + 1] = (int64_t)e | (r1 - r0) << 32;
+        ++items;
+      }
+    }
+    start = end;
+  }
+  for (size_t i = 2 * items; i < 2 * cap; ++i) tab[i] = 0;
+  AT(counts)[0] = (int32_t)items;
+  AT(counts)[1] = (int32_t)nvalid;
+}
+
+/* ---------------------------------------------------------------------------------- int16 path */
 
 /* 8 activations from x[i..i+8) of the given kind, as f32 */
 static inline __m256 load8(const void *x, size_t kind, size_t i) {
@@ -119,22 +195,6 @@ static void quantize_row(const void *x, size_t kind, size_t k, int16_t *xq, floa
   for (size_t b = nb; b < scale_row(nb); ++b) xs[b] = 0.0f;
 }
 
-/* x: rows of k activations of x_kind; sorted row p comes from row order[p] / div.  xq: [S, 64 np] int16,
- * xs: [S, scale_row(nb)] f32 (nb = k / 32, np = ceil(nb / 2)).  Workgroup wg quantizes sorted rows
- * [wg * rows_per_wg, +rows_per_wg) of the S = `rows`. */
-void mxmoe_mxfp4_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order), MEMREF(int16_t, xq),
-                               MEMREF(float, xs), size_t k, size_t div, size_t x_kind, size_t rows_per_wg,
-                               size_t rows, size_t wg) {
-  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2;
-  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
-  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
-    const size_t src = (size_t)AT(order)[p] / div;
-    quantize_row((const char *)AT(x) + src * k * esize, x_kind, k, AT(xq) + p * 64 * row_pairs(nb),
-                 AT(xs) + p * scale_row(nb));
-  }
-}
-
-/* ------------------------------------------------------------------------------------------ matvec */
 
 /* the weight scales of blocks [b0, b0 + 8) of a row with nb blocks as f32 2^(byte - 127) (byte 0 is
  * 2^-127, 255 is NaN; blocks at or past nb read as byte 0, against activation scales of 0) */
@@ -224,36 +284,202 @@ DOT_ROWS(2, acc0)
 DOT_ROWS(3, acc0)
 DOT_ROWS(4, acc0)
 
-/* xq, xs: quantized rows in sorted order (mxmoe_mxfp4_quantize_rows); w: [E, n, k / 2]; s: [E, n, k / 32];
- * bias: [E, n] of bias_kind; info[u] = id | first sorted row << 16 | rows << 40 for u < nused[0];
- * order[p]: the slot of sorted row p; out: [S, n] f32 by slot.  Workgroup (tile, u) computes outputs
- * [tile * tile_n, +tile_n) of the u-th used expert's rows.  With `deinterleave` (n even) output o goes to
- * column o / 2 + (o odd ? n / 2 : 0): interleaved gate/up rows come out as [gate | up] halves, which the
- * GLU that follows reads with unit stride. */
-void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, xs),
-                                MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
-                                MEMREF(const void, bias), MEMREF(const int64_t, info),
-                                MEMREF(const int32_t, nused), MEMREF(const int32_t, order),
-                                MEMREF(float, out), size_t n, size_t k, size_t bias_kind, size_t deinterleave,
-                                size_t tile_n, size_t tile, size_t u) {
-  if ((int64_t)u >= (int64_t)AT(nused)[0]) return;
-  const uint64_t pk = (uint64_t)AT(info)[u];
-  const size_t id = pk & 0xFFFF, first = (pk >> 16) & 0xFFFFFF, rows = pk >> 40;
-  const size_t nb = k / 32, xq_row = 64 * row_pairs(nb), xs_row = scale_row(nb), n0 = tile * tile_n;
-  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
-  const uint8_t *wexp = AT(w) + id * n * (k / 2), *sexp = AT(s) + id * n * nb;
-  const int16_t *xq0 = AT(xq) + first * xq_row;
-  const float *xs0 = AT(xs) + first * xs_row;
-  const int32_t *slot = AT(order) + first;
-  float *ys = AT(out);
-  const void *bexp = (const char *)AT(bias) + id * n * (bias_kind == KIND_F32 ? 4 : 2);
-  for (size_t o = n0; o < n1; ++o) {
-    const uint8_t *wrow = wexp + o * (k / 2), *srow = sexp + o * nb;
-    const float b = bias_value(bexp, bias_kind, o);
-    const size_t col = deinterleave ? o / 2 + (o % 2) * (n / 2) : o;
+/* ------------------------------------------------------------------------------------------ bf16 */
+#if MXMOE_BF16
+
+/* e2m1 codes 0..15 as bf16 bits, twice: a 32-entry vpermw table whose upper half serves a pair's second
+ * block; and as f32 */
+static const uint16_t E2M1_BF16[32] = {
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+    0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+    0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+static const float E2M1_F32[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+/* table entries of the codes +-0, which keep their bits whatever the scale */
+#define NONZERO_CODES 0xFEFEFEFEu
+
+/* One row of k bf16 activations -> the order the decode produces (see the top of the file). */
+static void pack_row_bf16(const uint16_t *x, size_t k, uint16_t *dst) {
+  const size_t nb = k / 32, np = row_pairs(nb);
+  for (size_t p = 0; p < np; ++p) {
+    const __m512i a = _mm512_loadu_si512((const void *)(x + 64 * p));
+    const __m512i b = 2 * p + 1 < nb ? _mm512_loadu_si512((const void *)(x + 64 * p + 32)) : _mm512_setzero_si512();
+    _mm512_storeu_si512((void *)(dst + 64 * p), _mm512_shuffle_i64x2(a, b, 0x44));
+    _mm512_storeu_si512((void *)(dst + 64 * p + 32), _mm512_shuffle_i64x2(a, b, 0xEE));
+  }
+}
+
+/* Per group of 32 blocks from b0 (of nb): the bf16 exponent adders (s - 127) << 7 as 32 words, and whether
+ * a scale byte leaves 2..252 (then value x 2^(s - 127) may not be a normal bf16: the exact decode). */
+static inline __m512i scale_adders(const uint8_t *srow, size_t nb, size_t b0, int *special) {
+  const size_t n = nb - b0 < 32 ? nb - b0 : 32;
+  const __mmask32 m = n == 32 ? 0xFFFFFFFFu : ((1u << n) - 1u);
+  const __m512i sv = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, srow + b0));
+  *special = _mm512_mask_cmpgt_epu16_mask(m, _mm512_sub_epi16(sv, _mm512_set1_epi16(2)), _mm512_set1_epi16(250)) != 0;
+  return _mm512_slli_epi16(_mm512_sub_epi16(sv, _mm512_set1_epi16(127)), 7);
+}
+
+/* Pair p of a row (32 weight bytes at wp; only 16 when `lone`) -> lo = [block 2p values 0..15 | block
+ * 2p+1 values 0..15], hi = the values 16..31, bf16 with the scales applied.  idx selects the pair's two
+ * adders: words 0..15 = 2j, 16..31 = 2j + 1 for the j-th pair of the adders' group. */
+static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders, __m512i idx, __m512i *lo,
+                                    __m512i *hi) {
+  const __m512i base = _mm512_loadu_si512((const void *)E2M1_BF16);
+  const __m512i sel = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 16);
+  const __m512i tab = _mm512_mask_add_epi16(base, NONZERO_CODES, base, _mm512_permutexvar_epi16(idx, adders));
+  const __m256i raw = lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp);
+  const __m512i v = _mm512_cvtepu8_epi16(raw);
+  /* (v & 15) | sel; the high nibble is v >> 4 (< 16 after the zero extension) | sel */
+  const __m512i ilo = _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x0F), sel, 0xEA);
+  const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(v, 4), sel);
+  *lo = _mm512_permutexvar_epi16(ilo, tab);
+  *hi = _mm512_permutexvar_epi16(ihi, tab);
+}
+
+/* e8m0 byte -> f32 2^(b - 127), exactly: 0 is the subnormal 2^-127, 255 NaN */
+static inline float e8m0(uint8_t b) {
+  union { uint32_t u; float f; } v = {b == 0 ? 0x00400000u : b == 255 ? 0x7FC00000u : (uint32_t)b << 23};
+  return v.f;
+}
+
+/* the same through f32 (value x scale in f32, then rounded to bf16: exact but for bf16 subnormals, which
+ * vcvtne2ps2bf16 flushes; NaN for a NaN scale): rows with scale bytes outside 2..252 */
+static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, int lone, __m512i *lo, __m512i *hi) {
+  const __m512 tab = _mm512_loadu_ps(E2M1_F32);
+  __m512 l[2], h[2];
+  for (int b = 0; b < 2; ++b) {
+    if (b == 1 && lone) {
+      l[1] = h[1] = _mm512_setzero_ps();
+      break;
+    }
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wp + 16 * b)));
+    const __m512 sc = _mm512_set1_ps(e8m0(sp[b]));
+    l[b] = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), sc);
+    h[b] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), sc);
+  }
+  *lo = (__m512i)_mm512_cvtne2ps_pbh(l[1], l[0]);
+  *hi = (__m512i)_mm512_cvtne2ps_pbh(h[1], h[0]);
+}
+
+/* every pair of a weight row, decoded: calls BODY(p, lo, hi) in order */
+#define FOR_EACH_PAIR(wrow, srow, nb, BODY)                                                              \
+  do {                                                                                                 \
+    const size_t np_ = row_pairs(nb);                                                                  \
+    const __m512i idx0_ = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 1);             \
+    for (size_t g_ = 0; g_ < np_; g_ += 16) {                                                          \
+      int special_;                                                                                    \
+      const __m512i adders_ = scale_adders(srow, nb, 2 * g_, &special_);                               \
+      const size_t ge_ = g_ + 16 < np_ ? g_ + 16 : np_;                                                \
+      __m512i idx_ = idx0_;                                                                            \
+      for (size_t p = g_; p < ge_; ++p, idx_ = _mm512_add_epi16(idx_, _mm512_set1_epi16(2))) {         \
+        __m512i lo, hi;                                                                                \
+        const int lone_ = 2 * p + 1 == (nb);                                                           \
+        if (special_) decode_pair_bf16_exact((wrow) + 32 * p, (srow) + 2 * p, lone_, &lo, &hi);        \
+        else decode_pair_bf16((wrow) + 32 * p, lone_, adders_, idx_, &lo, &hi);                        \
+        BODY;                                                                                          \
+      }                                                                                                \
+    }                                                                                                  \
+  } while (0)
+
+/* matvec: R (1..4) packed activation rows (stride xrow elements) against one weight row decoded in
+ * registers; two accumulators per row (one per half of the pair) */
+#define BDOT_ROWS(R)                                                                                   \
+  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,    \
+                            size_t xrow, float *res) {                                                 \
+    __m512 a0[R], a1[R];                                                                               \
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();                                   \
+    FOR_EACH_PAIR(wrow, srow, nb, {                                                                    \
+      for (int r = 0; r < R; ++r) {                                                                    \
+        const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
+        a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
+        a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32))); \
+      }                                                                                                \
+    });                                                                                                \
+    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));           \
+  }
+BDOT_ROWS(1)
+BDOT_ROWS(2)
+BDOT_ROWS(3)
+BDOT_ROWS(4)
+
+/* GEMM: the decoded weight rows (4 rows of np pairs x (lo, hi), one after the other) against RB packed
+ * activation rows; res[o * RB + r] */
+#define BGEMM(RB)                                                                                      \
+  static void bgemm_4x##RB(const __m512i *w, size_t np, const uint16_t *x, size_t xrow, float *res) {  \
+    __m512 acc[4][RB];                                                                                 \
+    for (int o = 0; o < 4; ++o)                                                                        \
+      for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();                                    \
+    for (size_t q = 0; q < 2 * np; ++q) { /* q = 2 p + half */                                         \
+      const __m512i w0 = w[q], w1 = w[2 * np + q], w2 = w[4 * np + q], w3 = w[6 * np + q];             \
+      for (int r = 0; r < RB; ++r) {                                                                   \
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + r * xrow + 32 * q));       \
+        acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)w0, xv);                                     \
+        acc[1][r] = _mm512_dpbf16_ps(acc[1][r], (__m512bh)w1, xv);                                     \
+        acc[2][r] = _mm512_dpbf16_ps(acc[2][r], (__m512bh)w2, xv);                                     \
+        acc[3][r] = _mm512_dpbf16_ps(acc[3][r], (__m512bh)w3, xv);                                     \
+      }                                                                                                \
+    }                                                                                                  \
+    for (int o = 0; o < 4; ++o)                                                                        \
+      for (int r = 0; r < RB; ++r) res[o * RB + r] = _mm512_reduce_add_ps(acc[o][r]);                  \
+  }
+BGEMM(1)
+BGEMM(2)
+BGEMM(3)
+BGEMM(4)
+BGEMM(5)
+BGEMM(6)
+
+#endif /* MXMOE_BF16 */
+
+/* ------------------------------------------------------------------------------------ entry points */
+
+/* x: rows of k activations of x_kind; sorted row p comes from row order[p] / div.  xq: [S, 64 np] int16,
+ * xs: [S, scale_row(nb)] f32 (nb = k / 32, np = ceil(nb / 2)).  Workgroup wg prepares sorted rows
+ * [wg * rows_per_wg, +rows_per_wg) of the first counts[1] (the valid slots, mxmoe_group_slots): bf16 rows
+ * packed for the bf16 path where this flavor has it, else quantized to int16. */
+void mxmoe_mxfp4_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
+                               MEMREF(const int32_t, counts), MEMREF(int16_t, xq), MEMREF(float, xs), size_t k,
+                               size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
+  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)AT(counts)[1];
+  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
+  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
+    const char *src = (const char *)AT(x) + (size_t)AT(order)[p] / div * k * esize;
+#if MXMOE_BF16
+    if (x_kind == KIND_BF16) {
+      pack_row_bf16((const uint16_t *)src, k, (uint16_t *)AT(xq) + p * 64 * row_pairs(nb));
+      continue;
+    }
+#endif
+    quantize_row(src, x_kind, k, AT(xq) + p * 64 * row_pairs(nb), AT(xs) + p * scale_row(nb));
+  }
+}
+
+/* the output column of output o (see mxmoe_mxfp4_grouped_matvec) */
+static inline size_t out_col(size_t o, size_t n, size_t deinterleave) {
+  return deinterleave ? o / 2 + (o % 2) * (n / 2) : o;
+}
+
+/* what one work item writes: rows [first, +rows) of one expert, outputs [n0, n1) */
+typedef struct {
+  const uint8_t *w, *s; /* the expert's weights and scales */
+  const void *bias;     /* the expert's bias row (bias_kind) */
+  size_t bias_kind, n, nb, deinterleave, rows, n0, n1;
+  const int32_t *slot;  /* the slots of the rows */
+  float *out;
+} item_t;
+
+static inline void store(const item_t *it, size_t o, size_t r, float v) {
+  it->out[(size_t)it->slot[r] * it->n + out_col(o, it->n, it->deinterleave)] = v + bias_value(it->bias, it->bias_kind, o);
+}
+
+static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
+  const size_t nb = it->nb, xq_row = 64 * row_pairs(nb), xs_row = scale_row(nb), kh = nb * 16;
+  for (size_t o = it->n0; o < it->n1; ++o) {
+    const uint8_t *wrow = it->w + o * kh, *srow = it->s + o * nb;
     float res[4];
-    for (size_t r0 = 0; r0 < rows; r0 += 4) {
-      const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+    for (size_t r0 = 0; r0 < it->rows; r0 += 4) {
+      const size_t nr = it->rows - r0 < 4 ? it->rows - r0 : 4;
       const int16_t *xq = xq0 + r0 * xq_row;
       const float *xsr = xs0 + r0 * xs_row;
       switch (nr) {
@@ -262,7 +488,113 @@ void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, x
         case 3: dot_rows_3(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
         default: dot_rows_4(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
       }
-      for (size_t r = 0; r < nr; ++r) ys[(size_t)slot[r0 + r] * n + col] = res[r] + b;
+      for (size_t r = 0; r < nr; ++r) store(it, o, r0 + r, res[r]);
     }
   }
+}
+
+#if MXMOE_BF16
+/* at most this many rows per item take the matvec (weights decoded in registers once per 4 rows); more
+ * take the GEMM (4 weight rows decoded to a buffer once per item) */
+#define BF16_MATVEC_ROWS 3
+/* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
+ * 128 KB); longer rows go in chunks, their partial sums added */
+#define BF16_GEMM_PAIRS 48
+
+static void item_bf16(const item_t *it, const uint16_t *x0) {
+  const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
+  if (rows <= BF16_MATVEC_ROWS) {
+    for (size_t o = it->n0; o < it->n1; ++o) {
+      const uint8_t *wrow = it->w + o * kh, *srow = it->s + o * nb;
+      float res[4];
+      switch (rows) {
+        case 1: bdot_rows_1(wrow, srow, nb, x0, xrow, res); break;
+        case 2: bdot_rows_2(wrow, srow, nb, x0, xrow, res); break;
+        case 3: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
+        default: bdot_rows_4(wrow, srow, nb, x0, xrow, res); break;
+      }
+      for (size_t r = 0; r < rows; ++r) store(it, o, r, res[r]);
+    }
+    return;
+  }
+  __m512i wbuf[4 * 2 * BF16_GEMM_PAIRS];
+  float res[6 * 4];
+  /* row groups of at most 6, as equal as they can be */
+  const size_t groups = (rows + 5) / 6;
+  for (size_t o0 = it->n0; o0 < it->n1; o0 += 4) {
+    float acc[4][128]; /* rows <= chunk <= 128 (the lowering's) */
+    for (size_t r = 0; r < rows; ++r) acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = 0.0f;
+    for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
+      const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
+      const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc;
+      for (size_t j = 0; j < 4; ++j) { /* a partial last quad repeats its last row */
+        const size_t o = o0 + j < it->n1 ? o0 + j : it->n1 - 1;
+        __m512i *dst = wbuf + j * 2 * npc;
+        FOR_EACH_PAIR(it->w + o * kh + 16 * b0, it->s + o * nb + b0, nbc, {
+          dst[2 * p] = lo;
+          dst[2 * p + 1] = hi;
+        });
+      }
+      const uint16_t *xc = x0 + 64 * p0;
+      for (size_t g = 0, r0 = 0; g < groups; ++g) {
+        const size_t rb = rows / groups + (g < rows % groups);
+        const uint16_t *xg = xc + r0 * xrow;
+        switch (rb) {
+          case 1: bgemm_4x1(wbuf, npc, xg, xrow, res); break;
+          case 2: bgemm_4x2(wbuf, npc, xg, xrow, res); break;
+          case 3: bgemm_4x3(wbuf, npc, xg, xrow, res); break;
+          case 4: bgemm_4x4(wbuf, npc, xg, xrow, res); break;
+          case 5: bgemm_4x5(wbuf, npc, xg, xrow, res); break;
+          default: bgemm_4x6(wbuf, npc, xg, xrow, res); break;
+        }
+        for (size_t j = 0; j < 4; ++j)
+          for (size_t r = 0; r < rb; ++r) acc[j][r0 + r] += res[j * rb + r];
+        r0 += rb;
+      }
+    }
+    for (size_t j = 0; j < 4 && o0 + j < it->n1; ++j)
+      for (size_t r = 0; r < rows; ++r) store(it, o0 + j, r, acc[j][r]);
+  }
+}
+#endif
+
+/* xq, xs: prepared rows in sorted order (mxmoe_mxfp4_quantize_rows, x_kind as given to it); w: [E, n,
+ * k / 2]; s: [E, n, k / 32]; bias: [E, n] of bias_kind; info, counts: the work items of
+ * mxmoe_group_slots; order[p]: the slot of sorted row p; out: [S, n] f32 by slot.  Workgroup (tile, u)
+ * computes outputs [tile * tile_n, +tile_n) of work item u; workgroup (tile, items) writes zeros to those
+ * outputs of the slots with no expert (sorted rows nvalid..S).  With `deinterleave` (n even) output o goes
+ * to column o / 2 + (o odd ? n / 2 : 0): interleaved gate/up rows come out as [gate | up] halves, which
+ * the GLU that follows reads with unit stride. */
+void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, xs),
+                                MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
+                                MEMREF(const void, bias), MEMREF(const int64_t, info),
+                                MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
+                                MEMREF(float, out), size_t S, size_t n, size_t k, size_t x_kind,
+                                size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+  const size_t items = (size_t)AT(counts)[0], n0 = tile * tile_n;
+  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
+  float *ys = AT(out);
+  if (u == items) { /* the slots with no expert: zero rows */
+    for (size_t p = (size_t)AT(counts)[1]; p < S; ++p) {
+      float *row = ys + (size_t)AT(order)[p] * n;
+      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
+    }
+    return;
+  }
+  if (u > items) return;
+  const size_t first = (size_t)AT(info)[2 * u];
+  const uint64_t pk = (uint64_t)AT(info)[2 * u + 1];
+  const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
+  item_t it = {AT(w) + id * n * (k / 2), AT(s) + id * n * nb,
+               (const char *)AT(bias) + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
+               pk >> 32, n0, n1, AT(order) + first, ys};
+  const size_t xq_row = 64 * row_pairs(nb);
+#if MXMOE_BF16
+  if (x_kind == KIND_BF16) {
+    item_bf16(&it, (const uint16_t *)AT(xq) + first * xq_row);
+    return;
+  }
+#endif
+  (void)x_kind;
+  item_int16(&it, AT(xq) + first * xq_row, AT(xs) + first * scale_row(nb));
 }

@@ -316,3 +316,107 @@ def test_every_code_and_extreme_scales_through_the_matvec(path, request):
     ref, out = moe(x).float(), cm.with_parameters(stored)(x).float()
     assert torch.isnan(ref[:, 0]).all() and torch.isnan(out[:, 0]).all()
     assert torch.isfinite(out[:, 1:]).all()
+
+
+# ------------------------------------------------------------- slots with no expert (expert parallelism)
+def _grouped_module(op: str, T_k: int, E: int, N: int, K: int, bias: bool) -> str:
+    """A module whose @main runs one hand-written grouped-matmul op of the blocksplit layout on its
+    arguments (x, ids, w, s[, bias][, routing weights])."""
+    glu = 'activation = "swiglu_oai", alpha = 1.702 : f32, interleaved = true, limit = 7.0 : f32, '
+    xt = f"tensor<?x{K}xbf16>" if op != "grouped_matmul_combine" else f"tensor<?x{T_k}x{K}xbf16>"
+    args = [f"%x: {xt}", f"%ids: tensor<?x{T_k}xi32>", f"%w: tensor<{E}x{N}x{K // 2}xi8>",
+            f"%s: tensor<{E}x{N}x{K // 32}xi8>"] + ([f"%b: tensor<{E}x{N}xbf16>"] if bias else [])
+    operands = ["%x", "%ids", "%w", "%s"] + (["%b"] if bias else [])
+    if op == "grouped_matmul_combine":
+        args.append(f"%rw: tensor<?x{T_k}xf32>")
+        operands.append("%rw")
+    rt = {"grouped_matmul": f"tensor<?x{T_k}x{N}xbf16>", "grouped_matmul_glu": f"tensor<?x{T_k}x{N // 2}xbf16>",
+          "grouped_matmul_combine": f"tensor<?x{N}xbf16>"}[op]
+    types = ", ".join(a.split(": ", 1)[1] for a in args)
+    attrs = (glu if op == "grouped_matmul_glu" else "") + f'has_bias = {"true" if bias else "false"}, mxmoe.layout = "cpu-mxfp4-blocksplit"'
+    return (f"func.func @main({', '.join(args)}) -> {rt} {{\n"
+            f'  %y = "mxmoe.{op}"({", ".join(operands)}) {{{attrs}}} : ({types}) -> {rt}\n'
+            f"  return %y : {rt}\n}}\n")
+
+
+def _compile_lowered(text: str, ukernel: str | None) -> bytes:
+    from iree.compiler import compile_str
+
+    from mxmoe.compiler.context import parse_module
+    from mxmoe.compiler.passes import run_passes
+
+    module = parse_module(text)
+    run_passes(module, [("mxmoe-lower-to-linalg", f"ukernel={ukernel}" if ukernel else None)])
+    return compile_str(str(module), extra_args=TARGETS["cpu"].iree_flags)
+
+
+def _slots_reference(op, x, ids, w, s, b, rw):
+    """The ops' meaning with the rule for slots with no expert: their matmul row is 0 (no bias), so a GLU
+    row of them is glu(0, 0) = 0 and the combine adds nothing for them."""
+    from mxmoe.core import mxfp4
+
+    T, k = ids.shape
+    E, N = w.shape[:2]
+    xs = x.astype(np.float32)
+    xs = xs if xs.ndim == 3 else np.broadcast_to(xs[:, None], (T, k, xs.shape[-1]))
+    y = np.zeros((T, k, N), np.float32)
+    for e in range(E):
+        sel = ids == e
+        y[sel] = xs[sel] @ mxfp4.dequantize(w[e], s[e]).T + (b[e].astype(np.float32) if b is not None else 0)
+    y = y.astype(ml_dtypes.bfloat16).astype(np.float32)
+    if op == "grouped_matmul":
+        return y
+    if op == "grouped_matmul_glu":
+        gate, up = np.minimum(y[..., 0::2], 7.0), np.clip(y[..., 1::2], -7.0, 7.0)
+        return (up + 1) * gate / (1 + np.exp(-1.702 * gate))
+    return (y * rw[..., None]).sum(1)
+
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+@pytest.mark.parametrize("path", ["microkernel", "linalg"])
+@pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_glu", "grouped_matmul_combine"])
+def test_slots_with_no_expert_contribute_nothing(path, op, request):
+    """The dialect's rule for expert parallelism: a slot whose expert id is outside [0, E) (-1: "not on this
+    rank") gets a matmul output row of zeros, no bias, and costs no work; the combine adds nothing for it.
+    Hand-written ops through mxmoe-lower-to-linalg and iree-compile, both the C microkernel and the linalg
+    schedule, against a numpy reference that zeros those rows: an odd block count (K = 96), tokens with
+    every slot off this rank, ids -1, E and larger, one token, and a call where no slot has an expert."""
+    from mxmoe.core import mxfp4
+    from mxmoe.core.swizzle import blocksplit_swizzle
+    from mxmoe.runtime.iree_executor import IreeExecutor
+
+    if path == "linalg":
+        request.getfixturevalue("linalg_matvec")
+        obj = None
+    else:
+        obj = ukernels.matvec_object().path
+        if obj is None:
+            pytest.skip(f"no cpu microkernel here: {ukernels.matvec_object().reason}")
+    E, N, K, k = 5, 192, 96, 3
+    rng = np.random.default_rng(0)
+    w, s = mxfp4.random_mxfp4(rng, (E, N, K), std=0.1)
+    b = (0.5 * rng.standard_normal((E, N))).astype(ml_dtypes.bfloat16)
+    fn = IreeExecutor(_compile_lowered(_grouped_module(op, k, E, N, K, True), obj), {})
+    for T, frac in ((1, 0.5), (7, 0.4), (33, 0.6), (4, 1.0), (9, 0.0)):
+        ids = rng.integers(0, E, (T, k)).astype(np.int32)
+        off = rng.random((T, k)) < frac
+        ids[off] = rng.choice(np.array([-1, E, 1000, -7], np.int32), off.sum())
+        if T == 7:
+            ids[2] = -1  # a token with no slot on this rank
+        xshape = (T, k, K) if op == "grouped_matmul_combine" else (T, K)
+        x = rng.standard_normal(xshape).astype(ml_dtypes.bfloat16)
+        rw = rng.random((T, k)).astype(np.float32)
+        args = [x, ids, blocksplit_swizzle(w).view(np.int8), s.view(np.int8), b]
+        if op == "grouped_matmul_combine":
+            args.append(rw)
+        (out,) = fn(*args)
+        out = out.astype(np.float32)
+        ref = _slots_reference(op, x, ids, w, s, b, rw)
+        if op != "grouped_matmul_combine":
+            assert (out[off] == 0).all(), (T, "rows of slots with no expert must be exactly zero")
+        elif T == 7:
+            assert (out[2] == 0).all()
+        scale = max(float(np.abs(ref).max()), 1e-30)
+        assert float(np.abs(out - ref).max()) / scale < TOL, (path, op, T)

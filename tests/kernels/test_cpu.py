@@ -22,6 +22,7 @@ import mxmoe.runtime
 from mxmoe.compiler import targets as pipeline
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.core.config import PRESETS
+from mxmoe.core.host import has_cpu_features
 from mxmoe.torch_frontend.moe import MoE
 
 TINY = PRESETS["tiny"]
@@ -37,17 +38,30 @@ def rel_err(out, ref) -> float:
 
 
 # ------------------------------------------------------------------------------------- the kernel alone
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """The C file built as a shared library: (matvec, quantizer) entry points."""
-    if ukernels.matvec_object().path is None:
+#: the flavors this host runs (each kernel test runs on each of them: the AVX2 one stays tested on AVX-512 hosts)
+HOST_FLAVORS = [f for f, (features, _) in ukernels.FLAVORS.items() if all(map(has_cpu_features, features))]
+
+
+class Kernel(tuple):
+    """(matvec, quantizer, grouping) entry points of one flavor; ``bf16``: whether bf16 activations take its
+    exact bf16 path (else they are quantized to int16 like the others)."""
+    flavor: str
+    bf16: bool
+
+
+@pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
+def kernel(request, tmp_path_factory):
+    """The C file built as a shared library in one flavor."""
+    if ukernels.matvec_object().path is None or request.param == "none":
         pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
-    lib = tmp_path_factory.mktemp("uk") / "mxfp4_matvec.so"
-    cc = ukernels._compiler()
-    subprocess.run([cc, *[f for f in ukernels.CFLAGS if f != "-fvisibility=hidden"], "-shared",
-                    str(ukernels.SOURCE), "-o", str(lib)], check=True)
+    lib = tmp_path_factory.mktemp("uk") / f"mxfp4_matvec-{request.param}.so"
+    flags = [f for f in ukernels.BASE_CFLAGS + ukernels.FLAVORS[request.param][1] if f != "-fvisibility=hidden"]
+    subprocess.run([ukernels._compiler(), *flags, "-shared", str(ukernels.SOURCE), "-o", str(lib)], check=True)
     so = ctypes.CDLL(str(lib))
-    return getattr(so, ukernels.MATVEC_SYMBOL), getattr(so, ukernels.QUANTIZE_SYMBOL)
+    k = Kernel((getattr(so, ukernels.MATVEC_SYMBOL), getattr(so, ukernels.QUANTIZE_SYMBOL),
+                getattr(so, ukernels.GROUP_SYMBOL)))
+    k.flavor, k.bf16 = request.param, request.param == "avx512bf16"
+    return k
 
 
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -74,48 +88,67 @@ def memref(a: np.ndarray) -> list:
     return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
 
 
-def c_quantize(fn, x: np.ndarray, order: np.ndarray, div: int, kind: int = 2, rows_per_wg: int = 3):
-    """The C quantizer over every workgroup: sorted row p from x[order[p] // div]."""
+def c_quantize(fn, x: np.ndarray, order: np.ndarray, div: int, kind: int = 2, rows_per_wg: int = 3,
+               nvalid: int | None = None):
+    """The C quantizer over every workgroup: sorted row p < nvalid (default: all) from x[order[p] // div]."""
     S, K = len(order), x.shape[-1]
     nb = K // 32
     xq = np.full((S, 64 * ((nb + 1) // 2)), 0x5A5A, np.int16)  # poison: every element must be written
     xs = np.full((S, -(-nb // 8) * 8), np.nan, np.float32)
+    counts = np.array([0, S if nvalid is None else nvalid], np.int32)
     for wg in range(-(-S // rows_per_wg)):
-        fn(*memref(x), *memref(order), *memref(xq), *memref(xs), ctypes.c_size_t(K), ctypes.c_size_t(div),
-           ctypes.c_size_t(kind), ctypes.c_size_t(rows_per_wg), ctypes.c_size_t(S), ctypes.c_size_t(wg))
+        fn(*memref(x), *memref(order), *memref(counts), *memref(xq), *memref(xs), ctypes.c_size_t(K),
+           ctypes.c_size_t(div), ctypes.c_size_t(kind), ctypes.c_size_t(rows_per_wg), ctypes.c_size_t(wg))
     return xq, xs
 
 
-def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False):
-    """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order; the sorted rows
-    go to the slots of a fixed random permutation, and the result is returned in sorted order."""
-    matvec, quant = fns
+def c_group(fn, ids: np.ndarray, E: int, chunk: int = 64):
+    """The C grouping: (order, info [2 (E + S / chunk)] i64, counts [work items, nvalid])."""
+    S = len(ids)
+    ids = np.ascontiguousarray(ids, np.int32)
+    order = np.full(max(S, 1), -7, np.int32)
+    info = np.full(2 * (E + S // chunk), -7, np.int64)
+    counts = np.full(2, -7, np.int32)
+    fn(*memref(ids), *memref(order), *memref(info), *memref(counts), ctypes.c_size_t(S), ctypes.c_size_t(E),
+       ctypes.c_size_t(chunk))
+    return order[:S], info, counts
+
+
+def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False, idle=0, x_kind=2, chunk=64):
+    """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order, then ``idle``
+    rows of no expert (ids from mxmoe_group_slots, work items of at most ``chunk`` rows); the sorted rows go
+    to the slots of a fixed random permutation, and the result is returned in sorted order. ``x`` is f32
+    (x_kind 2: the int16 path) or bf16-exact values given as bf16 (x_kind 1: the bf16 path where the
+    flavor has it)."""
+    matvec, quant, group = fns
     E, N, kh = w.shape
     K = 2 * kh
     S = x.shape[0]
-    order = np.random.default_rng(S).permutation(S).astype(np.int32)  # sorted row p lives in slot order[p]
+    assert S == sum(rows) + idle
+    ids = np.concatenate([np.full(r, u, np.int32) for u, r in enumerate(rows)] + [np.full(idle, -1, np.int32)])
+    perm = np.random.default_rng(S).permutation(S)  # sorted row p lives in slot perm[p]
+    slot_ids = np.empty_like(ids)
+    slot_ids[perm] = ids
+    order, info, counts = c_group(group, slot_ids, E, chunk)
     slots = np.empty_like(x)
-    slots[order] = x
-    xq, xs = c_quantize(quant, slots, order, 1)
-    info = np.zeros(E, np.int64)
-    first = 0
-    for u, r in enumerate(rows):
-        info[u] = u | first << 16 | r << 40
-        first += r
-    nused = np.array([len(rows)], np.int32)
+    slots[perm] = x
+    raw = torch.from_numpy(np.ascontiguousarray(slots)).bfloat16().view(torch.int16).numpy() if x_kind == 1 else slots
+    xq, xs = c_quantize(quant, np.ascontiguousarray(raw), order, 1, kind=x_kind, nvalid=int(counts[1]))
     out = np.full((S, N), np.nan, np.float32)
-    for u in range(E):  # slots past nused must return without writing
+    for u in range(min(S, E) + S // chunk + 1):  # item `items` zeroes the idle rows; later ones return at once
         for t in range(-(-N // tile_n)):
-            matvec(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(nused),
-                   *memref(order), *memref(out), ctypes.c_size_t(N), ctypes.c_size_t(K), ctypes.c_size_t(bias_kind),
-                   ctypes.c_size_t(int(deinterleave)), ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
-    return out[order]
+            matvec(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(counts),
+                   *memref(order), *memref(out), ctypes.c_size_t(S), ctypes.c_size_t(N), ctypes.c_size_t(K),
+                   ctypes.c_size_t(x_kind), ctypes.c_size_t(bias_kind), ctypes.c_size_t(int(deinterleave)),
+                   ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
+    return out[perm]
 
 
 @pytest.mark.parametrize("K,kind", [(96, 2), (64, 1), (2880, 3), (160, 1), (544, 2)])
 def test_c_quantizer_matches_the_format(kernel, K, kind):
     """Exactly the documented int16 values and scales, in the documented order, for an odd and an even
-    block count, every activation kind, rows gathered through order / div; values from 2^-110 to 2^100."""
+    block count, every activation kind, rows gathered through order / div; values from 2^-110 to 2^100.
+    bf16 rows on the bf16 path: the bf16 bits themselves, in the order the decode produces."""
     g = torch.Generator().manual_seed(K)
     T, k = 5, 3
     scale = torch.exp2(torch.randint(-110, 100, (T, K // 32, 1), generator=g).float())
@@ -128,9 +161,67 @@ def test_c_quantizer_matches_the_format(kernel, K, kind):
     raw = xt.view(torch.int16).numpy() if kind != 2 else xt.numpy()
     order = np.random.default_rng(K).permutation(T * k).astype(np.int32)
     xq, xs = c_quantize(kernel[1], np.ascontiguousarray(raw), order, k, kind)
+    if kind == 1 and kernel.bf16:
+        np.testing.assert_array_equal(xq, pack_bf16(raw[order // k]))
+        return
     want_q, want_s, _ = quantize(xt.float().numpy()[order // k])
     np.testing.assert_array_equal(xq, want_q)
     np.testing.assert_array_equal(xs, want_s)
+
+
+def pack_bf16(rows: np.ndarray) -> np.ndarray:
+    """bf16 rows [R, K] (as int16) in the bf16 path's order: per pair of blocks, values 0..15 of both blocks,
+    then values 16..31 of both (zeros for a missing last block)."""
+    R, K = rows.shape
+    nb = K // 32
+    blocks = np.zeros((R, nb + nb % 2, 2, 16), np.int16)
+    blocks[:, :nb] = rows.reshape(R, nb, 2, 16)
+    return blocks.reshape(R, -1, 2, 2, 16).transpose(0, 1, 3, 2, 4).reshape(R, -1)
+
+
+@pytest.mark.parametrize("S,E,invalid,chunk", [(0, 4, 0.0, 64), (1, 32, 0.0, 64), (7, 4, 0.5, 64), (4, 4, 1.0, 64),
+                                               (4096, 32, 0.3, 64), (300, 128, 0.0, 64), (64, 8, 0.0, 64),
+                                               (200, 8, 0.0, 16), (129, 8, 0.0, 64)])
+def test_c_grouping_is_a_stable_counting_sort(kernel, S, E, invalid, chunk):
+    """order = the valid slots by expert, each expert's in slot order (a stable sort), then the slots whose
+    id is outside [0, E) (-1, E, large, negative) in slot order; the work items cover each used expert's
+    rows in order, in ceil(rows / chunk) pieces whose sizes differ by at most one; counts = (items, valid
+    slots); the table past the items is zero."""
+    rng = np.random.default_rng(S + E)
+    ids = rng.integers(0, E, S).astype(np.int32)
+    if S in (64, 129):
+        ids[:] = 3  # every slot on one expert (129: three items of 43)
+    bad = rng.random(S) < invalid
+    ids[bad] = rng.choice(np.array([-1, E, E + 5, -1000, 2**31 - 1], np.int32), bad.sum())
+    order, info, counts = c_group(kernel[2], ids, E, chunk)
+    valid = (ids >= 0) & (ids < E)
+    want = np.concatenate([np.flatnonzero(valid)[np.argsort(ids[valid], kind="stable")], np.flatnonzero(~valid)])
+    np.testing.assert_array_equal(order, want)
+    used, rows = np.unique(ids[valid], return_counts=True)
+    items = [(int(info[2 * i]), int(info[2 * i + 1]) & 0xFFFFFFFF, int(info[2 * i + 1]) >> 32) for i in range(counts[0])]
+    assert counts[1] == valid.sum()
+    first = 0
+    for e, r in zip(used, rows):
+        mine = [it for it in items if it[1] == e]
+        assert len(mine) == -(-r // chunk) and max(m[2] for m in mine) - min(m[2] for m in mine) <= 1
+        for start, _, n in mine:
+            assert start == first and 0 < n <= chunk
+            first += n
+    assert len(items) == sum(-(-r // chunk) for r in rows) and first == valid.sum()
+    assert (info[2 * counts[0]:] == 0).all()
+
+
+def test_c_grouping_is_linear_in_slots(kernel):
+    """A million slots group in milliseconds (the quadratic form this replaced took minutes there)."""
+    import time
+
+    ids = np.random.default_rng(0).integers(-1, 32, 2**20).astype(np.int32)
+    c_group(kernel[2], ids[:1024], 32)
+    t0 = time.perf_counter()
+    order, _, counts = c_group(kernel[2], ids, 32)
+    elapsed = time.perf_counter() - t0
+    assert counts[1] == (ids >= 0).sum() and np.array_equal(np.sort(order), np.arange(len(ids)))
+    assert elapsed < 1.0, elapsed
 
 
 def test_c_quantizer_non_finite_blocks(kernel):
@@ -165,14 +256,18 @@ def reference(x, w, s, bias_f32, rows):
     return out
 
 
+@pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
 @pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
     (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), 5 rows = a group of 4 and 1, bf16 bias
     (2, 64, 64, [2, 4], 2, 32),        # f32 bias, one pair
     (4, 128, 2880, [1, 1, 8, 2], 3, 64),  # gpt-oss K (90 blocks), f16 bias
-    (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile, 5 blocks
+    (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (nor of 4), 5 blocks
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
+    (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
 ])
-def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n):
+def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
+    """Exact arithmetic up to f32 accumulation: against float64 on the values the kernel was given (the
+    bf16 activations themselves on the bf16 path, their int16 rounding on the other)."""
     rng = np.random.default_rng(E * N + K)
     w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
     s = rng.integers(118, 132, (E, N, K // 32), dtype=np.uint8)
@@ -187,11 +282,28 @@ def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n):
     else:
         bias, bias_f32 = np.zeros(1, np.float32), np.zeros_like(b32)
     x = torch.randn(sum(rows), K, generator=torch.Generator().manual_seed(K)).bfloat16().float().numpy()
-    out = run_kernel(kernel, x, w, s, bias, bias_kind, rows, tile_n)
-    # the kernel's arithmetic is exact up to f32 accumulation: compare with the values it was given
-    ref = reference(quantize(x)[2], w, s, bias_f32, rows)
+    out = run_kernel(kernel, x, w, s, bias, bias_kind, rows, tile_n, x_kind=x_kind)
+    ref = reference(x if x_kind == 1 and kernel.bf16 else quantize(x)[2], w, s, bias_f32, rows)
     assert np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-6
+
+
+@pytest.mark.parametrize("deinterleave", [False, True])
+def test_kernel_zeroes_the_rows_of_slots_with_no_expert(kernel, deinterleave):
+    """Slots with no expert (sorted after the valid ones) get an output row of zeros, no bias, and every
+    other row is as without them."""
+    E, N, K = 3, 128, 96
+    rng = np.random.default_rng(8)
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    s = rng.integers(120, 130, (E, N, K // 32), dtype=np.uint8)
+    bias = rng.standard_normal((E, N)).astype(np.float32)
+    x = torch.randn(9, K, generator=torch.Generator().manual_seed(9)).bfloat16().float().numpy()
+    out = run_kernel(kernel, x, w, s, bias, 2, [2, 3], tile_n=32, deinterleave=deinterleave, idle=4)
+    alone = run_kernel(kernel, x[:5], w, s, bias, 2, [2, 3], tile_n=32, deinterleave=deinterleave)
+    assert (out[5:] == 0).all()
+    np.testing.assert_array_equal(out[:5], alone)
+    everyone_idle = run_kernel(kernel, x[:3], w, s, bias, 2, [], tile_n=32, deinterleave=deinterleave, idle=3)
+    assert (everyone_idle == 0).all()
 
 
 def test_kernel_deinterleaves_gate_up_rows(kernel):
@@ -207,26 +319,35 @@ def test_kernel_deinterleaves_gate_up_rows(kernel):
     np.testing.assert_array_equal(split, np.concatenate([plain[:, 0::2], plain[:, 1::2]], axis=1))
 
 
-def test_kernel_every_code_nan_scale_and_small_activations(kernel):
-    """All 256 weight bytes, scale bytes 0 (2^-127) and 255 (NaN), and activations spanning 2^-20..2^6
-    within a block: a bf16 value within 2^7 of its block's largest is exact in int16, smaller ones are
-    rounded to 2^-15 of that power of two at most."""
+@pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
+@pytest.mark.parametrize("rows", [2, 6], ids=["matvec", "gemm"])
+def test_kernel_every_code_nan_scale_and_small_activations(kernel, rows, x_kind):
+    """All 256 weight bytes, scale bytes 0 (2^-127), 1, 2, 252 and 255 (NaN) beside ordinary ones, and
+    activations spanning 2^-20..2^6 within a block. int16 path: a bf16 value within 2^7 of its block's
+    largest is exact in int16, smaller ones are rounded to 2^-15 of that power of two at most. bf16 path:
+    exact (a row with scale bytes outside 2..252 takes the f32 decode, which loses only bf16 subnormals:
+    here the 2^-127-scaled block, ~1e-38 of the output)."""
     N, K = 64, 256
     w = (np.arange(N * K // 2) % 256).astype(np.uint8).reshape(1, N, K // 2)
     s = np.full((1, N, K // 32), 127, np.uint8)
-    s[0, :, 1] = 0
+    s[0, :32, 1] = 0
+    s[0, 40:, 2] = np.array([1, 2, 130, 252, 120, 125, 2, 131] * 3)[:24]
     s[0, 5, 3] = 255  # output 5 reads a NaN scale
-    x = torch.randn(2, K, generator=torch.Generator().manual_seed(1))
-    x = (x * torch.exp2(torch.randint(-20, 7, (2, K), generator=torch.Generator().manual_seed(2)))).bfloat16()
-    x = x.float().numpy()
-    out = run_kernel(kernel, x, w, s, np.zeros(1, np.float32), 0, [2])
-    ref = reference(x, w, np.where(s == 255, 127, s), np.zeros((1, N)), [2])
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(1))
+    x = x * torch.exp2(torch.randint(-20, 7, (rows, K), generator=torch.Generator().manual_seed(2)))
+    x[:, 64:96] *= 2.0**-90  # block 2 meets the largest scales: keep its products in f32 range
+    x = x.bfloat16().float().numpy()
+    out = run_kernel(kernel, x, w, s, np.zeros(1, np.float32), 0, [rows], x_kind=x_kind)
+    ref = reference(x, w, np.where(s == 255, 127, s), np.zeros((1, N)), [rows])
     assert np.isnan(out[:, 5]).all()
     keep = np.arange(N) != 5
     err = np.abs(out[:, keep] - ref[:, keep])
-    # per output: 32 products per block, each activation off by at most half a step of its block
-    steps = np.exp2(np.floor(np.log2(np.abs(x.reshape(2, -1, 32)).max(2))) - 15)
-    bound = 6 * 32 * steps.sum(1, keepdims=True) + 1e-6 * np.abs(ref[:, keep])
+    if x_kind == 1 and kernel.bf16:
+        bound = 1e-6 * np.abs(ref[:, keep]).max()
+    else:  # per output: 32 products per block, each activation off by at most half a step of its block
+        steps = np.exp2(np.floor(np.log2(np.abs(x.reshape(rows, -1, 32)).max(2))) - 15)  # [rows, blocks]
+        wscale = np.exp2(s[0, keep].astype(np.float64) - 127)  # [outputs, blocks]
+        bound = 6 * 32 * steps @ wscale.T + 1e-6 * np.abs(ref[:, keep])
     assert (err <= bound).all()
 
 
@@ -239,12 +360,28 @@ AWKWARD = {
 }
 
 
+@pytest.fixture(params=HOST_FLAVORS or ["none"])
+def flavor(request, monkeypatch):
+    """Compile with each microkernel flavor this host runs (``MXMOE_CPU_UKERNEL=<flavor>``)."""
+    if request.param == "none":
+        pytest.skip(f"no cpu microkernel here: {ukernels.matvec_object().reason}")
+    monkeypatch.setenv(ukernels.ENV_SWITCH, request.param)
+    ukernels.matvec_object.cache_clear()
+    uk = ukernels.matvec_object()
+    if uk.path is None:
+        pytest.skip(uk.reason)
+    assert uk.flavor == request.param
+    yield request.param
+    ukernels.matvec_object.cache_clear()
+
+
 @needs_ukernel
 @pytest.mark.parametrize("name", list(AWKWARD))
-def test_awkward_layers_through_the_microkernel(name):
+def test_awkward_layers_through_the_microkernel(name, flavor):
     moe = MoE.random(AWKWARD[name], seed=21)
     cm = mxmoe.compile(moe, target="cpu")
     assert "stream.executable" in cm.mlir and ukernels.MATVEC_SYMBOL in cm.mlir
+    assert f"mxfp4_matvec-{flavor}-" in cm.mlir
     for T in (1, 2, 5, 32, 65):
         x = torch.randn(T, moe.config.hidden, generator=torch.Generator().manual_seed(T)).bfloat16()
         assert rel_err(cm(x), moe(x)) < 1e-2, (name, T)
@@ -263,7 +400,7 @@ def test_f32_layers_keep_the_exact_linalg_matvec():
 
 @needs_ukernel
 @pytest.mark.parametrize("hidden,experts,top_k", [(64, 4, 2), (512, 8, 2)])
-def test_microkernel_layers_round_where_the_reference_rounds(hidden, experts, top_k):
+def test_microkernel_layers_round_where_the_reference_rounds(hidden, experts, top_k, flavor):
     """The GLU and combine round the kernel's f32 rows to bf16 themselves; if that rounding were lost (an
     extf(truncf(x)) pair is folded away by IREE's bf16 handling) the error would stay under any loose
     tolerance, but most outputs would stop matching the reference bit for bit: measured 97-99% identical

@@ -3,14 +3,19 @@
 Used by :mod:`cpu_grouped` at every token count when the microkernel object was built
 (``mxmoe.kernels.cpu``) and the activations are bf16 or f16. Pieces of IR:
 
+* :func:`group_dispatch`: the C grouping (``mxmoe_group_slots``, one workgroup, O(slots + experts)):
+  ``order`` (sorted position -> slot: each expert's slots in slot order, the slots whose id is outside
+  [0, E) last), the work items (each used expert's rows cut into pieces of at most ``ROW_CHUNK``) and the
+  counts (work items, valid slots).
 * :func:`quantize_dispatch`: the C quantizer (``mxmoe_mxfp4_quantize_rows``) reads each sorted row's
   activations straight from the op's input (row ``order[p] / div``) and writes them as int16 with one
   power-of-two scale per 32-value block, in the order the matvec's decode produces weights (the format
   is described in ``kernels/cpu/mxfp4_matvec.c``); a few rows per workgroup.
-* :func:`matvec_dispatch`: a ``flow.dispatch`` over (output tiles, used-expert slots); each workgroup
-  reads its expert's id, first row and row count from the packed ``info`` table on the device, so all
-  used experts run in one dispatch with no host loop and no read back. It writes each row back to its
-  slot (``order``), so the result is in token order and what follows (GLU, combine) needs no gather.
+* :func:`matvec_dispatch`: a ``flow.dispatch`` over (output tiles, work items + 1); each workgroup
+  reads its item's expert id, first row and row count from the ``info`` table on the device, so all
+  used experts run in one dispatch with no host loop and no read back (the last row of workgroups writes
+  the zero rows of the slots with no expert). It writes each row back to its slot (``order``), so the
+  result is in token order and what follows (GLU, combine) needs no gather.
 * :func:`executable_text`: the ``stream.executable`` whose function calls a C symbol, with the object
   file attached (``hal.executable.objects``) so ``iree-compile`` links it into the module.
 """
@@ -20,12 +25,18 @@ from __future__ import annotations
 import re
 
 from mxmoe.compiler.passes.lowering.text import Body, tt
-from mxmoe.kernels.cpu import MATVEC_SYMBOL, QUANTIZE_SYMBOL
+from mxmoe.kernels.cpu import GROUP_SYMBOL, MATVEC_SYMBOL, QUANTIZE_SYMBOL
 
 #: outputs per matvec workgroup (a multiple of 32, like the padded N)
 TILE_N = 64
-#: activation rows per quantizer workgroup
+#: activation rows per quantizer workgroup, at least; with many rows, enough per workgroup that there are
+#: at most QUANTIZE_GROUPS workgroups (each costs ~1 us of IREE's task system)
 QUANTIZE_ROWS = 4
+QUANTIZE_GROUPS = 256
+#: at most this many rows of one expert per work item (mxmoe_group_slots cuts each expert's rows into items
+#: of equal size): many tokens on one expert spread over the workers, and an item's rows stay in cache
+#: while each output reads them (the kernel allows up to 128)
+ROW_CHUNK = 64
 #: activation types the int16 rounding is invisible for (2^-15 of a block's largest, below their resolution)
 ACTIVATION_TYPES = ("bf16", "f16")
 #: the C kernels' element kinds (activations and biases)
@@ -47,11 +58,28 @@ def xs_width(kk: int) -> int:
     return -(-(kk // 32) // 8) * 8
 
 
-def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, S: str, kk: int) -> tuple[str, str]:
-    """(xq [S, xq_width] i16, xs [S, xs_width] f32): sorted row p quantized from ``x`` [R, kk] (``x_el``)
-    row ``order[p] / div`` (``div`` is baked into ``@exe``, see :func:`quantize_executable_text`)."""
-    res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
-              f"{tt([None], 'i32')}{{{S}}}, index, index) -> ({tt([None, xq_width(kk)], 'i16')}{{{S}}}, "
+def info_size(b: Body, e: int, S: str) -> str:
+    """Entries of the work-item table: 2 (e + S / ROW_CHUNK)."""
+    chunk = b.const(ROW_CHUNK, "index")
+    whole = b.v(f"arith.divui {S}, {chunk} : index", "ni")
+    items = b.v(f"arith.addi {whole}, {b.const(e, 'index')} : index", "ni")
+    return b.v(f"arith.muli {items}, {b.const(2, 'index')} : index", "ni")
+
+
+def group_dispatch(b: Body, exe: str, ids: str, e: int, S: str) -> tuple[str, str, str, str]:
+    """(order [S] i32, info [ni] i64, counts [2] i32, ni) of the slots' expert ids ``ids`` [S] i32."""
+    ni = info_size(b, e, S)
+    res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({ids}, {S}) : ({tt([None], 'i32')}{{{S}}}, index) -> "
+              f"({tt([None], 'i32')}{{{S}}}, {tt([None], 'i64')}{{{ni}}}, {tt([2], 'i32')})", "grp", nres=3)
+    return f"{res}#0", f"{res}#1", f"{res}#2", ni
+
+
+def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, counts: str, S: str,
+                      kk: int) -> tuple[str, str]:
+    """(xq [S, xq_width] i16, xs [S, xs_width] f32): sorted row p < nvalid quantized from ``x`` [R, kk]
+    (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``, see :func:`quantize_executable_text`)."""
+    res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
+              f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, xq_width(kk)], 'i16')}{{{S}}}, "
               f"{tt([None, xs_width(kk)], 'f32')}{{{S}}})", "xq", nres=2)
     return f"{res}#0", f"{res}#1"
 
@@ -63,22 +91,22 @@ def _kind(el: str | None, what: str) -> int:
 
 
 def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                    info: str, nused: str, order: str, S: str) -> str:
-    """[S, n] f32 by slot (bias added) from one dispatch of ``@exe::@exe``.
+                    info: str, ni: str, counts: str, order: str, S: str) -> str:
+    """[S, n] f32 by slot (bias added; zero rows for the slots with no expert) from one dispatch of
+    ``@exe::@exe``.
 
-    Expects ``%w`` and ``%s`` in scope; ``info`` [e] i64, ``nused`` (0-d i32) and ``order`` [S] i32 from
-    the slot sort.
+    Expects ``%w`` and ``%s`` in scope; ``info`` [ni] i64, ``counts`` [2] i32 and ``order`` [S] i32 from
+    :func:`group_dispatch`.
     """
     if bias is None:
         bias_v = b.v("arith.constant dense<0.0> : tensor<1xf32>", "nob")
         bias_t = tt([1], "f32")
     else:
         bias_v, bias_t = bias[0], tt([e, n], bias[1])
-    nu1 = b.v(f"tensor.expand_shape {nused} [] output_shape [1] : {tt([], 'i32')} into {tt([1], 'i32')}", "nu")
     types = [f"{tt([None, xq_width(kk)], 'i16')}{{{S}}}", f"{tt([None, xs_width(kk)], 'f32')}{{{S}}}",
-             tt([e, n, kk // 2], "i8"), tt([e, n, kk // 32], "i8"), bias_t, tt([e], "i64"), tt([1], "i32"),
+             tt([e, n, kk // 2], "i8"), tt([e, n, kk // 32], "i8"), bias_t, f"{tt([None], 'i64')}{{{ni}}}", tt([2], "i32"),
              f"{tt([None], 'i32')}{{{S}}}", "index"]
-    return b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({xq}, {xs}, %w, %s, {bias_v}, {info}, {nu1}, {order}, {S}) : "
+    return b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({xq}, {xs}, %w, %s, {bias_v}, {info}, {counts}, {order}, {S}) : "
                f"({', '.join(types)}) -> {tt([None, n], 'f32')}{{{S}}}", "ys")
 
 
@@ -118,20 +146,44 @@ def _executable(exe: str, obj: str, symbol: str, params: str, memrefs: list[tupl
 }}"""
 
 
+def _info_lines(e: int) -> list[str]:
+    """%ni = 2 (e + S / ROW_CHUNK) inside an executable's function (as :func:`info_size`)."""
+    return [f"%ni0 = arith.divui %S, %c{ROW_CHUNK} : index", f"%ni1 = arith.addi %ni0, %c{e} : index",
+            "%ni = arith.muli %ni1, %c2 : index"]
+
+
+def group_executable_text(exe: str, obj: str, e: int) -> str:
+    """The executable :func:`group_dispatch` calls: one workgroup."""
+    memrefs = [("ids", "i32", "%S"), ("order", "i32", "%S"), ("info", "i64", "%ni"), ("counts", "i32", "%c2")]
+    grid = ["%one = arith.constant 1 : index", "stream.return %one, %one, %one : index, index, index"]
+    return _executable(exe, obj, GROUP_SYMBOL, "%S: index", memrefs, ["%S", f"%c{e}", f"%c{ROW_CHUNK}"],
+                       _info_lines(e), grid)
+
+
+def _quantize_rows_lines(out: str, pre: str = "") -> list[str]:
+    """``out`` = activation rows per quantizer workgroup: max(QUANTIZE_ROWS, ceil(S / QUANTIZE_GROUPS))."""
+    return [f"%{pre}g1 = arith.constant {QUANTIZE_GROUPS - 1} : index", f"%{pre}g = arith.constant {QUANTIZE_GROUPS} : index",
+            f"%{pre}r = arith.constant {QUANTIZE_ROWS} : index", f"%{pre}su = arith.addi %S, %{pre}g1 : index",
+            f"%{pre}per = arith.divui %{pre}su, %{pre}g : index", f"{out} = arith.maxui %{pre}per, %{pre}r : index"]
+
+
 def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int) -> str:
     """The executable :func:`quantize_dispatch` calls: row ``order[p] / div`` of x, QUANTIZE_ROWS per workgroup."""
     kind = _kind(x_el, "activation")
-    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("xq", "i16", "%nxq"), ("xs", "f32", "%nxs")]
+    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), ("xq", "i16", "%nxq"),
+               ("xs", "f32", "%nxs")]
     prelude = ["%wg = hal.interface.workgroup.id[0] : index", f"%nx = arith.muli %R, %c{kk} : index",
-               f"%nxq = arith.muli %S, %c{xq_width(kk)} : index", f"%nxs = arith.muli %S, %c{xs_width(kk)} : index"]
-    grid = [f"%rows = arith.constant {QUANTIZE_ROWS} : index", "%one = arith.constant 1 : index",
-            "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
-            "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
+               f"%nxq = arith.muli %S, %c{xq_width(kk)} : index", f"%nxs = arith.muli %S, %c{xs_width(kk)} : index"
+               ] + _quantize_rows_lines("%rpw")
+    grid = _quantize_rows_lines("%rows") + [
+        "%one = arith.constant 1 : index", "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
+        "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
     return _executable(exe, obj, QUANTIZE_SYMBOL, "%R: index, %S: index", memrefs,
-                       [f"%c{kk}", f"%c{div}", f"%c{kind}", f"%c{QUANTIZE_ROWS}", "%S", "%wg"], prelude, grid)
+                       [f"%c{kk}", f"%c{div}", f"%c{kind}", "%rpw", "%wg"], prelude, grid)
 
 
-def executable_text(exe: str, obj: str, e: int, n: int, kk: int, bias_el: str | None, deinterleave: bool = False) -> str:
+def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias_el: str | None,
+                    deinterleave: bool = False) -> str:
     """The executable :func:`matvec_dispatch` calls, linking ``obj`` (the built C kernels). ``deinterleave``:
     output column o goes to o / 2 (even o) or n / 2 + o / 2 (odd o), interleaved gate/up rows to halves."""
     if deinterleave and n % 2:
@@ -140,14 +192,27 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, bias_el: str | 
     kind = _kind(bias_el, "bias")
     bias_len = e * n if kind else 1
     memrefs = [("xq", "i16", "%nxq"), ("xs", "f32", "%nxs"), ("w", "i8", f"%c{e * n * kk // 2}"),
-               ("s", "i8", f"%c{e * n * nb}"), ("bias", bias_el or "f32", f"%c{bias_len}"), ("info", "i64", f"%c{e}"),
-               ("nused", "i32", "%c1"), ("order", "i32", "%S"), ("out", "f32", "%nout")]
+               ("s", "i8", f"%c{e * n * nb}"), ("bias", bias_el or "f32", f"%c{bias_len}"),
+               ("info", "i64", "%ni"), ("counts", "i32", "%c2"), ("order", "i32", "%S"), ("out", "f32", "%nout")]
     prelude = ["%tile = hal.interface.workgroup.id[0] : index", "%u = hal.interface.workgroup.id[1] : index",
                f"%nxq = arith.muli %S, %c{xq_width(kk)} : index", f"%nxs = arith.muli %S, %c{xs_width(kk)} : index",
-               f"%nout = arith.muli %S, %c{n} : index"]
+               f"%nout = arith.muli %S, %c{n} : index"] + _info_lines(e)
+    # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
+    # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
     grid = [f"%tiles = arith.constant {-(-n // TILE_N)} : index", f"%e = arith.constant {e} : index",
-            "%slots = arith.minui %S, %e : index", "%one = arith.constant 1 : index",
+            f"%chunk = arith.constant {ROW_CHUNK} : index", "%one = arith.constant 1 : index",
+            "%used = arith.minui %S, %e : index", "%whole = arith.divui %S, %chunk : index",
+            "%items = arith.addi %used, %whole : index", "%slots = arith.addi %items, %one : index",
             "stream.return %tiles, %slots, %one : index, index, index"]
     return _executable(exe, obj, MATVEC_SYMBOL, "%S: index", memrefs,
-                       [f"%c{n}", f"%c{kk}", f"%c{kind}", f"%c{int(deinterleave)}", f"%c{TILE_N}", "%tile", "%u"],
-                       prelude, grid)
+                       ["%S", f"%c{n}", f"%c{kk}", f"%c{_kind(x_el, 'activation')}", f"%c{kind}", f"%c{int(deinterleave)}",
+                        f"%c{TILE_N}", "%tile", "%u"], prelude, grid)
+
+
+def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: int, bias_el: str | None,
+                deinterleave: bool) -> tuple[tuple[str, str, str], list[str]]:
+    """The names (group, quantize, matvec) and texts of the three executables one grouped matmul
+    (function ``fname``) dispatches."""
+    names = (f"{fname}_group", f"{fname}_quantize", f"{fname}_ukernel")
+    return names, [group_executable_text(names[0], obj, e), quantize_executable_text(names[1], obj, kk, x_el, div),
+                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave)]

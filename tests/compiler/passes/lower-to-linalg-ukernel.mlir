@@ -1,7 +1,7 @@
 // mxmoe-lower-to-linalg{ukernel=PATH}: with the cpu microkernel object (mxmoe.kernels.cpu builds it),
-// a blocksplit grouped matmul is two flow.dispatches (quantize the activation rows, then the grouped
-// matvec) of stream.executables that call C symbols and carry the object for iree-compile to link, at
-// every token count (no expert loop).
+// a blocksplit grouped matmul is three flow.dispatches (group the slots by expert, quantize the activation
+// rows, then the grouped matvec) of stream.executables that call C symbols and carry the object for
+// iree-compile to link, at every token count (no expert loop, no sort in linalg).
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s
 // Row-major weights (the ROCm targets) ignore the option: no executable, no dispatch.
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s --check-prefix=ROWMAJOR
@@ -13,35 +13,60 @@ util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_ro
 util.global private @w13_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w13_scale"> : tensor<4x64x3xi8>
 util.global private @w13_bias {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "bias"} = #flow.parameter.named<"model"::"w13_bias"> : tensor<4x64xbf16>
 
-// Two executables carrying the object: the quantizer (a grid of ceil(slots / 4) workgroups) and the matvec
-// (output tiles of 64, min(slots, experts)); each function hands its bindings to a C symbol as memrefs.
+// Three executables carrying the object: the grouping (one workgroup: a counting sort of the slots by
+// expert, O(slots + experts), each expert's rows cut into work items of at most 64), the quantizer (a grid
+// of ceil(slots / rows) workgroups, rows = max(4, ceil(slots / 256))) and the matvec (output tiles of 64,
+// min(slots, experts) + slots / 64 + 1 work items); each function hands its bindings to a C symbol as memrefs.
+// CHECK: stream.executable private @[[GEXE:mxmoe_grouped_matmul_glu_[0-9a-f]+_group]] attributes {hal.executable.objects = #hal.executable.objects<{#{{.+}} = [#hal.executable.object<{path = "/objects/mxfp4_matvec.o"}>]}>}
+// CHECK: stream.executable.export public @[[GEXE]] workgroups(%{{.+}}: index) -> (index, index, index)
+// CHECK: stream.return %[[ONE:.+]], %[[ONE]], %[[ONE]] : index, index, index
+// CHECK: func.func private @mxmoe_group_slots(memref<?xi32>, memref<?xi32>, memref<?xi64>, memref<?xi32>, index, index, index) attributes {hal.import.static}
+// ids [S] -> order [S], the work items [2 (E + S / 64)], (work items, valid slots); E = 4, chunks of 64:
+// CHECK: %[[NI0:.+]] = arith.divui %{{.+}}, %c64 : index
+// CHECK: %[[NI1:.+]] = arith.addi %[[NI0]], %c4 : index
+// CHECK: arith.muli %[[NI1]], %c2 : index
+// CHECK: call @mxmoe_group_slots(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c4, %c64)
 // CHECK: stream.executable private @[[QEXE:mxmoe_grouped_matmul_glu_[0-9a-f]+_quantize]] attributes {hal.executable.objects = #hal.executable.objects<{#{{.+}} = [#hal.executable.object<{path = "/objects/mxfp4_matvec.o"}>]}>}
 // CHECK: stream.executable.export public @[[QEXE]] workgroups(%{{.+}}: index) -> (index, index, index)
-// CHECK: %[[GROUPS:.+]] = arith.divui %{{.+}}, %{{.+}} : index
+// CHECK: %[[PER:.+]] = arith.divui %{{.+}}, %c256 : index
+// CHECK: %[[ROWS:.+]] = arith.maxui %[[PER]], %c4 : index
+// CHECK: %[[GROUPS:.+]] = arith.divui %{{.+}}, %[[ROWS]] : index
 // CHECK: stream.return %[[GROUPS]], %{{.+}}, %{{.+}} : index, index, index
-// CHECK: func.func private @mxmoe_mxfp4_quantize_rows(memref<?xbf16>, memref<?xi32>, memref<?xi16>, memref<?xf32>, index, index, index, index, index, index) attributes {hal.import.static}
-// The rows of x [T, 96] bf16 (kind 1), row order[p] / 2 for top-2, 4 rows per workgroup:
-// CHECK: call @mxmoe_mxfp4_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c96, %c2, %c1, %c4, %{{.+}}, %workgroup_id_x)
+// CHECK: func.func private @mxmoe_mxfp4_quantize_rows(memref<?xbf16>, memref<?xi32>, memref<?xi32>, memref<?xi16>, memref<?xf32>, index, index, index, index, index) attributes {hal.import.static}
+// The rows of x [T, 96] bf16 (kind 1), row order[p] / 2 for top-2, the same rows per workgroup (only the
+// valid slots'):
+// CHECK: %[[QPER:.+]] = arith.divui %{{.+}}, %c256 : index
+// CHECK: %[[QROWS:.+]] = arith.maxui %[[QPER]], %c4 : index
+// CHECK: call @mxmoe_mxfp4_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c96, %c2, %c1, %[[QROWS]], %workgroup_id_x)
 // CHECK: stream.executable private @[[EXE:mxmoe_grouped_matmul_glu_[0-9a-f]+_ukernel]] attributes {hal.executable.objects = #hal.executable.objects<{#{{.+}} = [#hal.executable.object<{path = "/objects/mxfp4_matvec.o"}>]}>}
 // CHECK: stream.executable.export public @[[EXE]] workgroups(%[[S:.+]]: index) -> (index, index, index)
-// CHECK: %[[SLOTS:.+]] = arith.minui %[[S]], %{{.+}} : index
+// one workgroup row per possible work item, and one that zeroes the rows of the slots with no expert:
+// CHECK: %[[USED:.+]] = arith.minui %[[S]], %{{.+}} : index
+// CHECK: %[[WHOLE:.+]] = arith.divui %[[S]], %c64 : index
+// CHECK: %[[ITEMS:.+]] = arith.addi %[[USED]], %[[WHOLE]] : index
+// CHECK: %[[SLOTS:.+]] = arith.addi %[[ITEMS]], %{{.+}} : index
 // CHECK: stream.return %{{.+}}, %[[SLOTS]], %{{.+}} : index, index, index
-// CHECK: func.func private @mxmoe_mxfp4_grouped_matvec(memref<?xi16>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xbf16>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index) attributes {hal.import.static}
+// CHECK: func.func private @mxmoe_mxfp4_grouped_matvec(memref<?xi16>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xbf16>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index, index, index) attributes {hal.import.static}
 // CHECK: func.func @[[EXE]](
 // CHECK: hal.interface.workgroup.id[0]
 // CHECK: hal.interface.workgroup.id[1]
-// N 64, K 96, bf16 bias (kind 1), deinterleaved gate/up (1), tiles of 64:
-// CHECK: call @mxmoe_mxfp4_grouped_matvec({{(%[0-9]+, )+}}%c64, %c96, %c1, %c1, %c64, %workgroup_id_x, %workgroup_id_y)
+// S, N 64, K 96, bf16 activations (kind 1), bf16 bias (kind 1), deinterleaved gate/up (1), tiles of 64:
+// CHECK: call @mxmoe_mxfp4_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c64, %c96, %c1, %c1, %c1, %c64, %workgroup_id_x, %workgroup_id_y)
 
 // CHECK-LABEL: func.func private @mxmoe_grouped_matmul_glu_
-// The quantizer reads x itself (no gather); 96 = 3 blocks: two pairs (128 int16), 8 padded scales. Then one
-// matvec dispatch for every used expert, reading the packed (id, first row, rows) table on the device and
-// writing rows back to their slots (order), so the GLU reads halves [gate | up] of the f32 slot rows.
+// The grouping reads the flat ids. The quantizer reads x itself (no gather); 96 = 3 blocks: two pairs (128
+// int16), 8 padded scales. Then one matvec dispatch for every used expert, reading the (first row, id |
+// rows) table on the device and writing rows back to their slots (order), so the GLU reads halves
+// [gate | up] of the f32 slot rows.
 // CHECK-NOT: scf.if
+// CHECK-NOT: linalg.generic
 // CHECK-NOT: tensor.extract {{.+}}xbf16
-// CHECK: %[[Q:.+]]:2 = flow.dispatch @[[QEXE]]::@[[QEXE]][%[[NS:.+]]](%arg0, %[[ORDER:.+]], %{{.+}}, %[[NS]]) : (tensor<?x96xbf16>{%{{.+}}}, tensor<?xi32>{%[[NS]]}, index, index) -> (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]})
+// CHECK: %[[FLAT:.+]] = tensor.collapse_shape %arg1 {{\[}}[0, 1]] : tensor<?x2xi32> into tensor<?xi32>
+// CHECK: %[[NI:.+]] = arith.muli %{{.+}}, %{{.+}} : index
+// CHECK: %[[G:.+]]:3 = flow.dispatch @[[GEXE]]::@[[GEXE]][%[[NS:.+]]](%[[FLAT]], %[[NS]]) : (tensor<?xi32>{%[[NS]]}, index) -> (tensor<?xi32>{%[[NS]]}, tensor<?xi64>{%[[NI]]}, tensor<2xi32>)
+// CHECK: %[[Q:.+]]:2 = flow.dispatch @[[QEXE]]::@[[QEXE]][%[[NS]]](%arg0, %[[G]]#0, %[[G]]#2, %{{.+}}, %[[NS]]) : (tensor<?x96xbf16>{%{{.+}}}, tensor<?xi32>{%[[NS]]}, tensor<2xi32>, index, index) -> (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]})
 // CHECK-NOT: scf.for
-// CHECK: %[[Y:.+]] = flow.dispatch @[[EXE]]::@[[EXE]][%[[NS]]](%[[Q]]#0, %[[Q]]#1, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %[[ORDER]], %[[NS]]) : (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]}, tensor<4x64x48xi8>, tensor<4x64x3xi8>, tensor<4x64xbf16>, tensor<4xi64>, tensor<1xi32>, tensor<?xi32>{%[[NS]]}, index) -> tensor<?x64xf32>{%[[NS]]}
+// CHECK: %[[Y:.+]] = flow.dispatch @[[EXE]]::@[[EXE]][%[[NS]]](%[[Q]]#0, %[[Q]]#1, %{{.+}}, %{{.+}}, %{{.+}}, %[[G]]#1, %[[G]]#2, %[[G]]#0, %[[NS]]) : (tensor<?x128xi16>{%[[NS]]}, tensor<?x8xf32>{%[[NS]]}, tensor<4x64x48xi8>, tensor<4x64x3xi8>, tensor<4x64xbf16>, tensor<?xi64>{%[[NI]]}, tensor<2xi32>, tensor<?xi32>{%[[NS]]}, index) -> tensor<?x64xf32>{%[[NS]]}
 // CHECK: tensor.expand_shape %[[Y]] {{\[}}[0, 1], [2]] output_shape [%{{.+}}, 2, 64] : tensor<?x64xf32> into tensor<?x2x64xf32>
 // CHECK: tensor.extract_slice %{{.+}}[0, 0, 0] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xf32> to tensor<?x2x32xf32>
 // CHECK: tensor.extract_slice %{{.+}}[0, 0, 32] [%{{.+}}, 2, 32] [1, 1, 1] : tensor<?x2x64xf32> to tensor<?x2x32xf32>

@@ -50,17 +50,38 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 
 // The w13 matmul + GLU, grouped schedule:
 // CHECK: func.func private @[[GLU]](%[[GX:.+]]: tensor<?x64xbf16>, %[[GIDS:.+]]: tensor<?x2xi32>, %[[GW:.+]]: tensor<4x64x32xi8>, %[[GS:.+]]: tensor<4x64x2xi8>, %[[GB:.+]]: tensor<4x64xbf16>) -> tensor<?x2x32xbf16>
-// 1. sort the T*k slots by expert on the device: pos, order, counts, offsets, used experts, their number
+// 1. sort the T*k slots by expert on the device, a stable counting sort in linear work: each slot's bucket
+// (its expert, or E = 4 for an id outside [0, E): no expert, sorted last), padded to chunks of 64 slots
 // CHECK: %[[FLAT:.+]] = tensor.collapse_shape %[[GIDS]] {{\[}}[0, 1]] : tensor<?x2xi32> into tensor<?xi32>
-// CHECK: %[[POS:.+]] = linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]} ins(%[[FLAT]], %[[FLAT]] : tensor<?xi32>, tensor<?xi32>)
-// CHECK: %[[ORDER:.+]] = linalg.generic {{.*}} ins(%[[POS]] : tensor<?xi32>)
-// CHECK: %[[COUNTS:.+]] = linalg.generic {{.*}} ins(%[[FLAT]] : tensor<?xi32>) outs(%{{.+}} : tensor<4xi32>)
-// CHECK: %[[OFFS:.+]]:2 = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}}, %{{.+}} : tensor<4xi32>, tensor<4xi32>)
-// CHECK: %[[USED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]], %[[OFFS]]#1 : tensor<4xi32>, tensor<4xi32>)
+// CHECK: %[[BK:.+]] = linalg.generic {{.*}}iterator_types = ["parallel"]} ins(%[[FLAT]] : tensor<?xi32>)
+// CHECK: arith.cmpi ult
+// CHECK: %[[BKP:.+]] = tensor.pad %[[BK]] low[0] high[%{{.+}}]
+// CHECK: %[[BK2:.+]] = tensor.expand_shape %[[BKP]] {{\[}}[0, 1]] output_shape [%{{.+}}, 64] : tensor<?xi32> into tensor<?x64xi32>
+// per-chunk bucket counts, scanned over the chunks; bucket totals and their offsets
+// CHECK: %[[CC:.+]] = linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[BK2]] : tensor<?x64xi32>) outs(%{{.+}} : tensor<?x5xi32>)
+// CHECK: %[[SCAN:.+]]:2 = iree_linalg_ext.scan dimension(0) inclusive(false) ins(%[[CC]] : tensor<?x5xi32>)
+// CHECK: %[[TOT:.+]] = linalg.generic {{.*}} ins(%[[CC]] : tensor<?x5xi32>) outs(%{{.+}} : tensor<5xi32>)
+// CHECK: %[[OFF5:.+]] = linalg.generic {{.*}} ins(%[[TOT]] : tensor<5xi32>) outs(%{{.+}} : tensor<5xi32>)
+// each slot's rank among the earlier slots of its chunk in its bucket (64 compares per slot, not T*k)
+// CHECK: %[[RANK:.+]] = linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]} ins(%[[BK2]], %[[BK2]] : tensor<?x64xi32>, tensor<?x64xi32>)
+// CHECK: %[[POS2:.+]] = linalg.generic {{.*}} ins(%[[BK2]], %[[RANK]] : tensor<?x64xi32>, tensor<?x64xi32>)
+// CHECK: tensor.extract %[[OFF5]]
+// CHECK: tensor.extract %[[SCAN]]#0
+// CHECK: %[[POSC:.+]] = tensor.collapse_shape %[[POS2]]
+// CHECK: %[[POS:.+]] = tensor.extract_slice %[[POSC]][0] [%{{.+}}] [1] : tensor<?xi32> to tensor<?xi32>
+// order, the inverse permutation: a scatter of the slot indices to their positions
+// CHECK: %[[IOTA:.+]] = linalg.generic
+// CHECK: %[[IDX:.+]] = tensor.expand_shape %[[POS]]
+// CHECK: %[[ORDER:.+]] = iree_linalg_ext.scatter dimension_map = [0] unique_indices(true) ins(%[[IOTA]], %[[IDX]] : tensor<?xi32>, tensor<?x1xi32>)
+// the valid experts' counts and offsets; used experts, their number
+// CHECK: %[[COUNTS:.+]] = tensor.extract_slice %[[TOT]][0] [4] [1] : tensor<5xi32> to tensor<4xi32>
+// CHECK: %[[OFFS:.+]] = tensor.extract_slice %[[OFF5]][0] [4] [1] : tensor<5xi32> to tensor<4xi32>
+// CHECK: %[[UIDX:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}} : tensor<4xi32>)
+// CHECK: %[[USED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]], %[[UIDX]] : tensor<4xi32>, tensor<4xi32>)
 // CHECK: %[[NUSED:.+]] = linalg.generic {{.*}} ins(%[[COUNTS]] : tensor<4xi32>) outs(%{{.+}} : tensor<i32>)
 // info[u] = id | offset << 16 | rows << 40 of used expert u, one i64 read back per loop iteration
 // CHECK: %[[INFO:.+]] = linalg.generic {{.*}} ins(%[[USED]] : tensor<4xi32>) outs(%{{.+}} : tensor<4xi64>)
-// CHECK: tensor.extract %[[OFFS]]#0[%{{.+}}] : tensor<4xi32>
+// CHECK: tensor.extract %[[OFFS]][%{{.+}}] : tensor<4xi32>
 // CHECK: tensor.extract %[[COUNTS]][%{{.+}}] : tensor<4xi32>
 // CHECK: arith.shli %{{.+}}, %{{.+}} : i64
 // 2. activations gathered in expert order, whole rows contiguous along K, converted to f32 once (not once
@@ -97,7 +118,7 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK-NOT: tensor<4xi64>
 // CHECK: %[[UID:.+]] = tensor.extract %[[USED]][%[[U]]] : tensor<4xi32>
 // CHECK: %[[EI:.+]] = arith.index_cast %[[UID]] : i32 to index
-// CHECK: tensor.extract %[[OFFS]]#0[%[[EI]]] : tensor<4xi32>
+// CHECK: tensor.extract %[[OFFS]][%[[EI]]] : tensor<4xi32>
 // CHECK: tensor.extract %[[COUNTS]][%[[EI]]] : tensor<4xi32>
 // the expert's rows and its weights are slices at a dynamic offset: no byte gather
 // CHECK: %[[XME:.+]] = tensor.extract_slice %[[XM]][%[[OFF:.+]], 0] [%[[CNT:.+]], 64] [1, 1] : tensor<?x64xf32> to tensor<?x64xf32>
@@ -134,12 +155,16 @@ func.func @moe(%x: tensor<?x64xbf16>, %logits: tensor<?x4xbf16>) -> tensor<?x64x
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins({{.*}} : tensor<64x2x16xi8>, tensor<64x2xi8>) outs({{.*}} : tensor<64x2x2x16xf32>)
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction", "reduction"]} ins({{.*}} : tensor<?x2x32xf32>, tensor<64x2x32xf32>) outs({{.*}} : tensor<?x64xf32>)
 // CHECK: tensor.insert_slice %{{.+}} into %{{.+}}[%[[OFF]], 0] [%[[CNT]], 64] [1, 1] : tensor<?x64xf32> into tensor<?x64xf32>
-// 4. back to slot order, rounded to bf16 where the reference rounds, then the GLU
+// 4. back to slot order, rounded to bf16 where the reference rounds, then the GLU; a slot with no expert
+// (pos -1) reads zeros
 // CHECK: flow.tensor.tie_shape %[[YSF]]
 // CHECK: %[[YST:.+]] = flow.tensor.tie_shape %[[YS]]
-// CHECK: tensor.expand_shape %[[POS]] {{\[}}[0, 1]]
+// CHECK: %[[PM:.+]] = linalg.generic {{.*}} ins(%[[POS]], %{{.+}} : tensor<?xi32>, tensor<?xi32>)
+// CHECK: arith.constant -1 : i32
+// CHECK: tensor.expand_shape %[[PM]] {{\[}}[0, 1]]
 // CHECK: tensor.extract %[[YST]][%{{.+}}, %{{.+}}] : tensor<?x64xf32>
 // CHECK: arith.truncf %{{.+}} : f32 to bf16
+// CHECK: arith.select
 // CHECK: math.exp
 // CHECK: return %{{.+}} : tensor<?x2x32xbf16>
 
