@@ -20,7 +20,8 @@ from mxmoe.core.weights import MoEWeights
 
 #: buffers kept as they are (packed MXFP4 bytes, e8m0 scales, the int32 expert map); the rest are floats held in the
 #: activation dtype
-_EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_scale", "shared_w2_scale")
+_EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_scale", "shared_w2_scale",
+                "score_bias")
 _FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias", "shared_gate_weight")
 
 
@@ -100,9 +101,12 @@ class MoE(nn.Module):
         return self._dtype
 
     def _apply(self, fn, *args, **kwargs):  # .to(dtype) / .half() keep the activation dtype in step
+        score_bias = self.score_bias
         out = super()._apply(fn, *args, **kwargs)
         if self.w13_bias is not None or self.router_weight is not None:
             self._dtype = (self.router_weight if self.router_weight is not None else self.w13_bias).dtype
+        if score_bias is not None and self.score_bias.dtype != torch.float32:  # held in fp32 (as HF does)
+            self.score_bias = score_bias.to(self.score_bias.device)
         return out
 
     def dequantized_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,9 +124,18 @@ class MoE(nn.Module):
         if self.router_weight is None:
             raise ValueError(f"{type(self).__name__}: this layer has no router (config.router is False); call "
                              "monolithic(x, router_logits) or modular(x, topk_weights, topk_ids)")
-        logits = F.linear(tokens, self.router_weight, self.router_bias)
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        if cfg.router_fp32:  # DeepSeek-V3's router: fp32 products of the held weights, logits not rounded
+            bias = None if self.router_bias is None else self.router_bias.float()
+            logits = F.linear(tokens.float(), self.router_weight.float(), bias)
+        else:
+            logits = F.linear(tokens, self.router_weight, self.router_bias)
+        weights, ids = self._route(logits)
         return self._experts(tokens, weights, ids).reshape(x.shape), weights
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        return ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize, self.score_bias, cfg.n_group,
+                         cfg.topk_group, cfg.routed_scaling_factor)
 
     def monolithic(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The output for hidden states ``x`` and the router's logits ``[T, E_global]`` (the engine's router)."""
@@ -132,7 +145,7 @@ class MoE(nn.Module):
         if tuple(logits.shape) != (tokens.shape[0], cfg.experts_routed):
             raise ValueError(f"{type(self).__name__}: router_logits must be [T, {cfg.experts_routed}] for "
                              f"{tokens.shape[0]} tokens, got {tuple(router_logits.shape)}")
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        weights, ids = self._route(logits)
         return self._experts(tokens, weights, ids).reshape(x.shape)
 
     def modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
