@@ -40,6 +40,39 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries) -> Any:
+    """The compiled module (without weights) of ``weights``' layer shape for ``dtype``, ``target`` and ``entries``:
+    compiled on first use, then shared by every layer of that shape in this process."""
+    from mxmoe.compiler.targets import get_target
+    from mxmoe.torch_frontend.compile import compile as mx_compile
+    from mxmoe.torch_frontend.moe import MoE
+
+    target = get_target(target)
+    key = (weights.config, dtype, target, tuple(entries))
+    with _TEMPLATES_LOCK:
+        found = _TEMPLATES.get(key)
+        if found is None:
+            compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries))
+            found = _TEMPLATES[key] = compiled.without_weights()
+    return found
+
+
+def store_layer(template, weights: MoEWeights) -> dict[str, np.ndarray]:
+    """``weights`` as the arrays ``template`` reads (padded, in its target's layout), by parameter name."""
+    from mxmoe.compiler.parameters import store_parameters
+
+    # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
+    raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
+           for spec in template.parameter_specs}
+    return store_parameters(template.stored_forms, raw)
+
+
+def bind_layer(weights: MoEWeights, dtype: torch.dtype, target, entries):
+    """``weights`` bound to the module compiled once for their shape (:func:`layer_template`): its entry points."""
+    template = layer_template(weights, dtype, target, entries)
+    return template.with_parameters(store_layer(template, weights)).bound()
+
+
 class Mxfp4MoEMethod:
     """An MXFP4 fused-MoE method for one MoE layer shape on one target (see the module docstring)."""
 
@@ -118,9 +151,6 @@ class Mxfp4MoEMethod:
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert the loaded parameters to the target's layout and bind them to the compiled module (compiled
         once per layer shape and target, shared by every layer of that shape)."""
-        from mxmoe.compiler.parameters import store_parameters
-        from mxmoe.torch_frontend.moe import MoE
-
         fields = {}
         for field, name in VLLM_NAMES.items():
             if field.startswith("router"):
@@ -133,24 +163,8 @@ class Mxfp4MoEMethod:
             a = a.astype(np.float32) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
             fields[field] = a[None] if field.startswith("shared_w") else a
         weights = MoEWeights(self.config, None, None, **fields)
-        compiled = self._template(MoE, weights)
-        # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
-        raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
-               for spec in compiled.parameter_specs}
-        module = compiled.with_parameters(store_parameters(compiled.stored_forms, raw))
-        layer._mxmoe_module = module.bound()
+        layer._mxmoe_module = bind_layer(weights, self.params_dtype, self.target, self.entries)
         layer._mxmoe_device = next((p.device for p in layer.parameters()), torch.device("cpu"))
-
-    def _template(self, moe_cls, weights: MoEWeights):
-        from mxmoe.torch_frontend.compile import compile as mx_compile
-
-        key = (self.config, self.params_dtype, self.target.name, tuple(self.entries))
-        with _TEMPLATES_LOCK:
-            found = _TEMPLATES.get(key)
-            if found is None:
-                compiled = mx_compile(moe_cls(weights, dtype=self.params_dtype), self.target, entries=self.entries)
-                found = _TEMPLATES[key] = compiled.without_weights()
-        return found
 
     # ---------------------------------------------------------------------------------- 4. apply
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
