@@ -53,6 +53,8 @@ class MoE(nn.Module):
                 buffers[name] = None
             elif name in _FLOAT_NAMES or (shared_float and name in ("shared_w13", "shared_w2")):
                 buffers[name] = torch.from_numpy(np.asarray(v, dtype=np.float32)).to(dtype)
+                if name in self._fp32_names():  # an fp32 router holds its (activation-dtype) values in fp32
+                    buffers[name] = buffers[name].float()
             else:
                 buffers[name] = torch.from_numpy(np.ascontiguousarray(v))
         # absent tensors last: torch.export (2.13) mis-numbers buffers after two or more None ones
@@ -68,11 +70,19 @@ class MoE(nn.Module):
         return cls(MoEWeights.random(config, seed=seed), dtype=dtype)
 
     @classmethod
-    def from_transformers(cls, mlp: nn.Module, dtype: Optional[torch.dtype] = None) -> "MoE":
-        """Build from a transformers ``GptOssMLP`` (float weights are quantized to MXFP4 here)."""
-        from mxmoe.torch_frontend.transformers_compat import weights_from_gpt_oss_mlp
+    def from_transformers(cls, block: nn.Module, dtype: Optional[torch.dtype] = None) -> "MoE":
+        """Build from a transformers MoE block: gpt-oss's ``GptOssMLP`` (MXFP4 blocks taken as they are), or the
+        block of a common family (router + experts + shared expert: Mixtral, Qwen2/3 MoE, Qwen3-Next, OLMoE,
+        DeepSeek-V3, GLM-4 MoE, dots1, Granite MoE, MiniMax, Llama-4; ``mxmoe.torch_frontend.families``). Float
+        expert weights are quantized to MXFP4 here; a block mxmoe cannot express raises ValueError saying why."""
+        from mxmoe.torch_frontend.families import BLOCK_RETURNS, block_spec
+        from mxmoe.torch_frontend.transformers_compat import is_gpt_oss_mlp, weights_from_gpt_oss_mlp
 
-        weights, src_dtype = weights_from_gpt_oss_mlp(mlp)
+        name = type(block).__name__
+        if name != "GptOssMLP" and (name in BLOCK_RETURNS or not is_gpt_oss_mlp(block)):
+            spec = block_spec(block, dtype)
+            return cls(spec.weights, dtype=spec.dtype)
+        weights, src_dtype = weights_from_gpt_oss_mlp(block)
         return cls(weights, dtype=dtype or src_dtype)
 
     @classmethod
@@ -100,13 +110,19 @@ class MoE(nn.Module):
     def dtype(self) -> torch.dtype:
         return self._dtype
 
+    def _fp32_names(self) -> tuple[str, ...]:
+        """Buffers held in fp32 whatever the activation dtype: the correction bias, and an fp32 router's weights."""
+        return ("score_bias",) + (("router_weight", "router_bias") if self.config.router_fp32 else ())
+
     def _apply(self, fn, *args, **kwargs):  # .to(dtype) / .half() keep the activation dtype in step
-        score_bias = self.score_bias
+        keep = {n: getattr(self, n) for n in self._fp32_names() if getattr(self, n, None) is not None}
         out = super()._apply(fn, *args, **kwargs)
-        if self.w13_bias is not None or self.router_weight is not None:
-            self._dtype = (self.router_weight if self.router_weight is not None else self.w13_bias).dtype
-        if score_bias is not None and self.score_bias.dtype != torch.float32:  # held in fp32 (as HF does)
-            self.score_bias = score_bias.to(self.score_bias.device)
+        probe = fn(torch.empty(0, dtype=self._dtype))
+        if isinstance(probe, torch.Tensor) and probe.is_floating_point():
+            self._dtype = probe.dtype
+        for n, t in keep.items():
+            if getattr(self, n).dtype != torch.float32:
+                setattr(self, n, t.to(getattr(self, n).device))
         return out
 
     def dequantized_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +141,7 @@ class MoE(nn.Module):
             raise ValueError(f"{type(self).__name__}: this layer has no router (config.router is False); call "
                              "monolithic(x, router_logits) or modular(x, topk_weights, topk_ids)")
         if cfg.router_fp32:  # DeepSeek-V3's router: fp32 products of the held weights, logits not rounded
-            bias = None if self.router_bias is None else self.router_bias.float()
-            logits = F.linear(tokens.float(), self.router_weight.float(), bias)
+            logits = F.linear(tokens.float(), self.router_weight, self.router_bias)
         else:
             logits = F.linear(tokens, self.router_weight, self.router_bias)
         weights, ids = self._route(logits)
