@@ -176,10 +176,27 @@ class MoEConfig:
         return cls(**d)
 
 
-#: Named layer shapes. gpt-oss sizes are from the released models' config.json.
+#: what the SiLU-GLU families share: concatenated gate/up rows, no biases, a router without bias
+_GLU = dict(activation="silu", interleaved=False, bias=False, router_bias=False)
+
+#: Named layer shapes, from the released models' config.json (one MoE layer each; shared experts in bf16 as their
+#: checkpoints hold them).
 PRESETS: dict[str, MoEConfig] = {
     "gpt-oss-20b": MoEConfig(num_experts=32, top_k=4, hidden=2880, intermediate=2880),
     "gpt-oss-120b": MoEConfig(num_experts=128, top_k=4, hidden=2880, intermediate=2880),
+    "mixtral-8x7b": MoEConfig(num_experts=8, top_k=2, hidden=4096, intermediate=14336, routing="softmax_topk",
+                              renormalize=True, **_GLU),
+    "qwen3-30b-a3b": MoEConfig(num_experts=128, top_k=8, hidden=2048, intermediate=768, routing="softmax_topk",
+                               renormalize=True, **_GLU),
+    "qwen1.5-moe-a2.7b": MoEConfig(num_experts=60, top_k=4, hidden=2048, intermediate=1408, routing="softmax_topk",
+                                   shared_intermediate=5632, shared_gate=True, shared_format="bf16", **_GLU),
+    "olmoe-1b-7b": MoEConfig(num_experts=64, top_k=8, hidden=2048, intermediate=1024, routing="softmax_topk", **_GLU),
+    "deepseek-v3": MoEConfig(num_experts=256, top_k=8, hidden=7168, intermediate=2048, routing="sigmoid_topk",
+                             renormalize=True, n_group=8, topk_group=4, routed_scaling_factor=2.5, score_bias=True,
+                             router_fp32=True, shared_intermediate=2048, shared_format="bf16", **_GLU),
+    "llama-4-scout": MoEConfig(num_experts=16, top_k=1, hidden=5120, intermediate=8192, routing="topk_sigmoid",
+                               apply_router_weight_on_input=True, shared_intermediate=8192, shared_format="bf16",
+                               **_GLU),
     "tiny": MoEConfig(num_experts=8, top_k=2, hidden=64, intermediate=96),
 }
 

@@ -86,11 +86,34 @@ class MoE(nn.Module):
         return cls(weights, dtype=dtype or src_dtype)
 
     @classmethod
-    def from_hf_checkpoint(cls, path: str, layer: int, dtype: torch.dtype = torch.bfloat16) -> "MoE":
-        """Build from layer ``layer`` of an HF gpt-oss checkpoint directory (MXFP4 blocks/scales)."""
+    def from_hf_checkpoint(cls, path: str, layer: int, dtype: torch.dtype = torch.bfloat16,
+                           progress: bool | None = None) -> "MoE":
+        """Build from layer ``layer`` of a Hugging Face checkpoint directory: gpt-oss (MXFP4 blocks taken as they
+        are), or a family of ``mxmoe.core.hf_checkpoint`` (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE,
+        Llama-4), whose bf16 (or FP8) experts are quantized to MXFP4 one tensor at a time, with a progress bar
+        (``progress``: None shows it on a terminal)."""
         from mxmoe.core.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.hf_checkpoint import hf_model_type, read_hf_moe, read_hf_moe_config
 
-        return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
+        if hf_model_type(path) == "gpt_oss":
+            try:
+                return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
+            except ValueError as e:
+                if "gate_up_proj_blocks" not in str(e):
+                    raise  # float gpt-oss experts (a bf16 checkpoint) are read below
+        config = read_hf_moe_config(path)
+        bar = None
+        if progress is not False:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=config.num_experts, desc=f"layer {layer}: quantizing experts", unit="expert",
+                       disable=None if progress is None else False, leave=False)
+        try:
+            weights = read_hf_moe(path, layer, progress=bar.update if bar is not None else None, config=config)
+        finally:
+            if bar is not None:
+                bar.close()
+        return cls(weights, dtype=dtype)
 
     def to_weights(self) -> MoEWeights:
         """The layer's weights as numpy (floats as fp32), e.g. to write a checkpoint or compile."""
