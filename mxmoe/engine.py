@@ -6,7 +6,9 @@ The lifecycle follows how engines drive such a method, so an integration is a th
    I padded up front to the target's multiple: ``w13_weight`` [E, 2I', H'/2] uint8, ``w13_weight_scale``
    [E, 2I', H'/32], ``w2_weight`` [E, H', I'/2], ``w2_weight_scale`` [E, H', I'/32], ``w13_bias`` [E, 2I'],
    ``w2_bias`` [E, H'] (params dtype), and for a shared expert ``shared_w13_weight`` [2S', H'/2] (+ ``_scale``) or
-   bf16 [2S', H'], ``shared_w2_weight``, ``shared_gate_weight`` [1, H'].
+   bf16 [2S', H'], ``shared_w2_weight``, ``shared_gate_weight`` [1, H']; with DeepSeek-V3's routing
+   (``routing="sigmoid_topk"``, ``num_expert_group``/``topk_group``, ``routed_scaling_factor``)
+   ``e_score_correction_bias`` [E_global] fp32.
 2. The engine's checkpoint loader copies tensors into the unpadded regions (padding stays zero weights with unit
    scales, which contributes nothing; see :meth:`Mxfp4MoEMethod.create_weights` for where gate and up go).
 3. ``process_weights_after_loading(layer)`` converts them once to the target's layout and binds them to a module
@@ -82,7 +84,9 @@ class Mxfp4MoEMethod:
                  apply_router_weight_on_input: bool = False, shared_intermediate_size: int = 0,
                  shared_gate: bool = False, shared_format: str = "mxfp4", target: str = "cpu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, interleaved: bool = True,
-                 max_capture_size: int | None = None):
+                 max_capture_size: int | None = None, num_expert_group: int = 1, topk_group: int = 1,
+                 routed_scaling_factor: float = 1.0, e_score_correction_bias: bool = False,
+                 fp32_router_logits: bool = False):
         from mxmoe.compiler.targets import get_target
 
         self.target = get_target(target)
@@ -107,7 +111,9 @@ class Mxfp4MoEMethod:
             routing=routing, renormalize=renormalize, activation=activation, swiglu_alpha=swiglu_alpha,
             swiglu_limit=swiglu_limit, interleaved=interleaved, bias=has_bias, router_bias=False, router=False,
             global_num_experts=global_num_experts, apply_router_weight_on_input=apply_router_weight_on_input,
-            shared_intermediate=self.shared_padded, shared_gate=shared_gate, shared_format=shared_format)
+            shared_intermediate=self.shared_padded, shared_gate=shared_gate, shared_format=shared_format,
+            n_group=num_expert_group, topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
+            score_bias=e_score_correction_bias, router_fp32=fp32_router_logits)
         self.expert_map = None
         if global_num_experts is not None:
             em = expert_map if expert_map is not None else np.arange(global_num_experts) if \
@@ -143,6 +149,8 @@ class Mxfp4MoEMethod:
                 t = torch.full(shape, E8M0_ONE if field.endswith("_scale") else 0, dtype=torch.uint8)
             elif dtype == np.int32:
                 t = torch.from_numpy(self.expert_map.copy())
+            elif field == "score_bias":  # the routing's correction bias stays fp32, as checkpoints hold it
+                t = torch.zeros(shape, dtype=torch.float32)
             else:
                 t = torch.zeros(shape, dtype=params_dtype)
             layer.register_parameter(VLLM_NAMES[field], nn.Parameter(t, requires_grad=False))
