@@ -54,8 +54,11 @@ def _round_up(n: int, m: int = MXFP4_BLOCK) -> int:
 
 
 def is_experts(module: nn.Module) -> bool:
-    """Whether ``module`` is an experts module transformers dispatches through its ExpertsInterface."""
-    return all(hasattr(module, f) for f in _FLAGS) and hasattr(module, "_is_expert_parallel")
+    """Whether ``module`` is an experts module transformers dispatches through its ExpertsInterface (the flags every
+    transformers 5 sets: ``has_bias`` and ``is_transposed``; later releases add the others)."""
+    return (hasattr(module, "has_bias") and hasattr(module, "is_transposed") and hasattr(module, "config")
+            and any(n in module._parameters for n in ("gate_up_proj", "up_proj"))
+            or all(hasattr(module, f) for f in _FLAGS) and hasattr(module, "_is_expert_parallel"))
 
 
 # ================================================================================== the gate
@@ -165,11 +168,11 @@ def experts_spec(module: nn.Module, name: str = "") -> ExpertsSpec:
     if not is_experts(module):
         raise Unsupported(at, "is not an experts module of transformers' ExpertsInterface (no use_experts_implementation "
                               "flags)")
-    if not module.has_gate:
+    if not getattr(module, "has_gate", True):
         act = getattr(module, "act_fn", None)
         raise Unsupported(at, f"non-gated experts (up_proj, then {getattr(act, '__name__', type(act).__name__)}): "
                               "mxmoe's experts are GLUs (gate and up projections)")
-    if module.has_post_expert_norm:
+    if getattr(module, "has_post_expert_norm", False):
         raise Unsupported(at, "a norm after each expert (has_post_expert_norm) is not built in mxmoe")
     gate_up = _float_param(module, "gate_up_proj", at, 3)
     down = _float_param(module, "down_proj", at, 3)
@@ -189,12 +192,17 @@ def experts_spec(module: nn.Module, name: str = "") -> ExpertsSpec:
             b = _float_param(module, bname, at, 2)
             if tuple(b.shape) != shape:
                 raise Unsupported(at, f"{bname} is {tuple(b.shape)}, expected {shape}")
-    interleaved = not module.is_concatenated
     gate_fn = getattr(module, "_apply_gate", None)
     if gate_fn is None:
         raise Unsupported(at, "has no _apply_gate (the GLU of its gate and up projections)")
-    found = identify_gate(gate_fn, interleaved, i, limit=_first_attr(module, ("limit", "swiglu_limit")),
-                          alpha=_first_attr(module, ("alpha", "swiglu_alpha")), device=gate_up.device)
+    # gate/up rows: the is_concatenated flag where transformers sets it (older 5.x releases do not: both are tried)
+    layouts = [not module.is_concatenated] if hasattr(module, "is_concatenated") else [False, True]
+    found = None
+    for interleaved in layouts:
+        found = identify_gate(gate_fn, interleaved, i, limit=_first_attr(module, ("limit", "swiglu_limit")),
+                              alpha=_first_attr(module, ("alpha", "swiglu_alpha")), device=gate_up.device)
+        if found is not None:
+            break
     if found is None:
         raise Unsupported(at, f"its gate ({_gate_description(module)}) computes none of mxmoe's GLU activations "
                               "(silu, gelu, gelu_tanh, silu_clamped, swiglu_oai)")

@@ -26,16 +26,25 @@ __all__ = ["register", "quantize_experts", "dequantize_experts", "mxmoe_experts_
 IMPLEMENTATION = "mxmoe"
 
 
+#: the first transformers whose models accept an experts implementation registered by name (5.0 - 5.6 check
+#: against a fixed list); docs/transformers.md says which versions are tested
+MIN_TRANSFORMERS = (5, 7)
+
+
 def register() -> None:
-    """Register ``"mxmoe"`` in transformers' ExpertsInterface (done on import; a clear error on a transformers
-    without one: it needs transformers 5, whose MoE families dispatch their experts through that interface)."""
+    """Register ``"mxmoe"`` in transformers' ExpertsInterface (done on import; a clear ImportError on a transformers
+    whose models cannot take it)."""
+    import transformers
+
+    release = tuple(int(p) for p in transformers.__version__.split("+")[0].split(".")[:2] if p.isdigit())
     try:
         from transformers.integrations.moe import ExpertsInterface
-    except ImportError as e:
-        import transformers
-
-        raise ImportError(f"mxmoe.transformers needs transformers >= 5.0 (its ExpertsInterface); installed: "
-                          f"{transformers.__version__}") from e
+    except ImportError:
+        ExpertsInterface = None
+    if ExpertsInterface is None or release < MIN_TRANSFORMERS:
+        raise ImportError(f"mxmoe.transformers needs transformers >= {'.'.join(map(str, MIN_TRANSFORMERS))} (its "
+                          f"models take experts implementations registered by name); installed: "
+                          f"{transformers.__version__}. mxmoe.convert(model) works without it")
     ExpertsInterface.register(IMPLEMENTATION, mxmoe_experts_forward)
 
 

@@ -206,7 +206,9 @@ def mxmoe_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_in
     x = hidden_states.reshape(-1, spec.hidden)
     k = top_k_index.shape[-1]
     ids = top_k_index.reshape(-1, k)
-    w = top_k_weights.reshape(-1, k)
+    w = top_k_weights.reshape(ids.shape[0], -1)
+    if w.shape[1] != k and w.shape[1] == spec.num_experts:  # a router giving every expert's weight (older 5.x)
+        w = w.gather(1, ids.clamp(0, spec.num_experts - 1).long())
     if ids.shape[0] != x.shape[0] or w.shape != ids.shape:
         raise ValueError(f"{state.label}: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
                          f"{tuple(top_k_weights.shape)} must be [S, k] for {x.shape[0]} tokens")

@@ -97,6 +97,8 @@ _FAMILY = {"zaya": {"num_experts_per_tok": 1}, "lfm2_moe": {"layer_types": ["con
            # multimodal rotary sections: their halves of the tiny head (16 / 2)
            "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
                                                         "mrope_section": [3, 3, 2]}},
+           "hy_v4_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                 "mrope_section": [2, 1, 1]}},
            "glm4v_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                   "mrope_section": [2, 3, 3], "partial_rotary_factor": 1.0}}}
 _TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cls_token_id",
