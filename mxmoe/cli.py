@@ -269,29 +269,21 @@ def cmd_compile(args) -> int:
     if compiled.model is None and desc["kind"] == "exported-program":
         options["model"] = _moe_from_exported(source, compiled.parameters)
         compiled.model = options["model"]
-    if ckpt is not None and ckpt.get("family"):
+    if ckpt is not None:
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
         from mxmoe.core.hf_checkpoint import read_hf_moe
 
-        model = compiled.model
-
-        def family_getter(n):
-            def get():
-                w = read_hf_moe(ckpt["path"], n)
-                return {param: getattr(w, f) for f, param in model["parameters"].items()}
-            return get
-
-        options["weight_sets"] = {f"layer.{n}": family_getter(n) for n in ckpt["layers"]}
-    elif ckpt is not None:
-        from mxmoe.core.checkpoint import read_hf_gpt_oss
-
-        srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
-        options["external_sources"] = srcs
+        # the families' bf16 experts are quantized as each layer's weights are packed; gpt-oss's are read as they are
+        read = read_hf_moe if ckpt.get("family") else read_hf_gpt_oss
+        if not ckpt.get("family"):
+            srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
+            options["external_sources"] = srcs
         if args.weights == "embedded":
             model = compiled.model
 
             def getter(n):
                 def get():
-                    w = read_hf_gpt_oss(ckpt["path"], n)
+                    w = read(ckpt["path"], n)
                     return {param: getattr(w, f) for f, param in model["parameters"].items()}
                 return get
 

@@ -151,14 +151,20 @@ def _arg_max_rounds(b: _Body, src: str, e: int, k: int, T: str) -> tuple[str, st
         rv, ri = red + "#0", red + "#1"
         vals = b.v(f"tensor.insert_slice {rv} into {vals}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'f32')} into {_tt([None, k], 'f32')}", "ins")
         ids = b.v(f"tensor.insert_slice {ri} into {ids}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'i32')} into {_tt([None, k], 'i32')}", "ins")
-        masked = _generic(
-            b, [(masked, _tt([None, e], "f32"), id2), (ri, _tt([None], "i32"), row)],
-            [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)], ["parallel", "parallel"],
-            ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
-             "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
-             "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
-            [("%a", "f32"), ("%w", "i32"), ("%o", "f32")]) if j + 1 < k else masked
+        masked = _mask_column(b, masked, ri, e, T) if j + 1 < k else masked
     return vals, ids, masked
+
+
+def _mask_column(b: _Body, src: str, winner: str, n: int, T: str) -> str:
+    """``src`` [T, n] f32 with each row's ``winner`` [T] i32 column set to -inf."""
+    id2, row = _map(2, "d0, d1"), _map(2, "d0")
+    return _generic(
+        b, [(src, _tt([None, n], "f32"), id2), (winner, _tt([None], "i32"), row)],
+        [(_empty(b, [None, n], "f32", [T]), _tt([None, n], "f32"), id2)], ["parallel", "parallel"],
+        ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
+         "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
+         "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
+        [("%a", "f32"), ("%w", "i32"), ("%o", "f32")])
 
 
 def _group_limit(b: _Body, src: str, e: int, n_group: int, topk_group: int, T: str) -> str:
@@ -197,17 +203,9 @@ def _group_limit(b: _Body, src: str, e: int, n_group: int, topk_group: int, T: s
 def _arg_max_rounds_masking_all(b: _Body, src: str, n: int, rounds: int, T: str):
     """:func:`_arg_max_rounds` with the last winner masked too (the mask is the result wanted)."""
     vals, ids, masked = _arg_max_rounds(b, src, n, rounds, T)
-    row, id2 = _map(2, "d0"), _map(2, "d0, d1")
     last = b.v(f"tensor.extract_slice {ids}[0, {rounds - 1}] [{T}, 1] [1, 1] : {_tt([None, rounds], 'i32')} to "
                f"{_tt([None], 'i32')}", "last")
-    masked = _generic(
-        b, [(masked, _tt([None, n], "f32"), id2), (last, _tt([None], "i32"), row)],
-        [(_empty(b, [None, n], "f32", [T]), _tt([None, n], "f32"), id2)], ["parallel", "parallel"],
-        ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
-         "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
-         "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
-        [("%a", "f32"), ("%w", "i32"), ("%o", "f32")])
-    return vals, ids, masked
+    return vals, ids, _mask_column(b, masked, last, n, T)
 
 
 def _sigmoid(b: _Body, src: str, dims, T: str) -> str:

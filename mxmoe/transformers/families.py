@@ -231,33 +231,15 @@ def _model_candidates(family: str) -> list[tuple[str, type]]:
     return [(t, cls) for _, t, cls in found]
 
 
-# ============================================================================================ the check
-def _experts_modules(model) -> list:
-    from mxmoe.torch_frontend.families import is_experts
-
-    return [(n, m) for n, m in model.named_modules() if is_experts(m)]
-
-
-def check_family(family: str, target=None, seed: int = 0) -> FamilyResult:
-    """Build a tiny ``family`` model and compare mxmoe's experts with the eager ones (see the module docstring)."""
+def tiny_model(family: str, seed: int = 0, randomize: bool = True):
+    """A tiny random model of ``family`` (the first candidate class that builds with experts; ValueError saying why
+    none does), in fp32, eval mode, its experts drawn by :func:`_randomize`."""
+    import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    import mxmoe.transformers as mt
-    from mxmoe.transformers import experts as ex
-
-    t0 = time.perf_counter()
-    res = FamilyResult(family, "failed")
-    try:
-        candidates = _model_candidates(family)
-    except Exception as e:  # noqa: BLE001 - reported
-        res.reason = f"cannot import its modeling code: {_first_line(e)}"
-        return _done(res, t0)
-    if not candidates:
-        res.reason = "no model class to build (no causal LM or base model for its configs)"
-        return _done(res, t0)
+    transformers.logging.set_verbosity_error()
     errors = []
-    model = None
-    for mtype, cls in candidates:
+    for mtype, cls in _model_candidates(family):
         try:
             torch.manual_seed(seed)
             cfg = tiny_config(CONFIG_MAPPING[mtype])
@@ -268,19 +250,38 @@ def check_family(family: str, target=None, seed: int = 0) -> FamilyResult:
                 if n > MAX_PARAMS:
                     raise ValueError(f"the tiny config still makes {n / 1e6:.0f}M parameters")
                 model = cls(cfg).eval().float()
-            if not _experts_modules(model):
-                errors.append(f"{cls.__name__}: no experts module in the tiny model")
-                model = None
-                continue
-            res.model = cls.__name__
-            break
         except Exception as e:  # noqa: BLE001 - try the next candidate, report if none builds
             errors.append(f"{cls.__name__}: {_first_line(e)}")
-            model = None
-    if model is None:
-        res.reason = "tiny model not built: " + "; ".join(errors[:2])
+            continue
+        if not _experts_modules(model):
+            errors.append(f"{cls.__name__}: no experts module in the tiny model")
+            continue
+        if randomize:
+            _randomize(model, seed)
+        return model
+    raise ValueError("tiny model not built: " + ("; ".join(errors[:2]) or "no causal LM or base model for its configs"))
+
+
+# ============================================================================================ the check
+def _experts_modules(model) -> list:
+    from mxmoe.torch_frontend.families import is_experts
+
+    return [(n, m) for n, m in model.named_modules() if is_experts(m)]
+
+
+def check_family(family: str, target=None, seed: int = 0) -> FamilyResult:
+    """Build a tiny ``family`` model and compare mxmoe's experts with the eager ones (see the module docstring)."""
+    import mxmoe.transformers as mt
+    from mxmoe.transformers import experts as ex
+
+    t0 = time.perf_counter()
+    res = FamilyResult(family, "failed")
+    try:
+        model = tiny_model(family, seed)
+    except Exception as e:  # noqa: BLE001 - reported
+        res.reason = str(e) if isinstance(e, ValueError) else f"cannot import its modeling code: {_first_line(e)}"
         return _done(res, t0)
-    _randomize(model, seed)
+    res.model = type(model).__name__
     try:
         report = mt.quantize_experts(model, target=target, progress=False)
     except Exception as e:  # noqa: BLE001

@@ -17,16 +17,11 @@ transformers = pytest.importorskip("transformers")
 
 
 def _save(family: str, path) -> None:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from mxmoe.transformers.families import tiny_model
 
-    from mxmoe.transformers.families import _model_candidates, tiny_config
-
-    transformers.logging.set_verbosity_error()
-    mtype, cls = _model_candidates(family)[0]
-    torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cls(tiny_config(CONFIG_MAPPING[mtype])).save_pretrained(path)
+        tiny_model(family, randomize=False).save_pretrained(path)
 
 
 @pytest.mark.parametrize("family, layers", [("qwen2_moe", ["layer.0", "layer.1"]), ("deepseek_v3", ["layer.1"])])

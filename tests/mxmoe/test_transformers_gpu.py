@@ -10,7 +10,6 @@ The Triton path's modular entry and the DeepSeek / Llama-4 routings come with th
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -22,19 +21,10 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_os
 
 def _tiny(family: str):
     pytest.importorskip("iree.compiler", reason="the compiler's IREE bindings are not on this GPU machine")
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    pytest.importorskip("transformers")
+    from mxmoe.transformers.families import tiny_model
 
-    from mxmoe.transformers.families import _model_candidates, _randomize, tiny_config
-
-    transformers.logging.set_verbosity_error()
-    mtype, cls = _model_candidates(family)[0]
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = cls(tiny_config(CONFIG_MAPPING[mtype])).eval()
-    _randomize(model, 0)
-    return model.cuda()
+    return tiny_model(family).cuda()
 
 
 def _rel(a, b) -> float:

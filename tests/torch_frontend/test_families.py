@@ -13,7 +13,6 @@ and a subset runs through ``torch.compile(backend="mxmoe")``.
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -25,25 +24,18 @@ from mxmoe.core.layouts import ROW_MAJOR
 from mxmoe.core.reference import relative_error
 from mxmoe.core.weights import MoEWeights
 from mxmoe.torch_frontend import MoE, convert
-from mxmoe.torch_frontend.convert import HFMoEBlock
 from mxmoe.torch_frontend.families import experts_float_tensors, experts_spec, is_experts, quantize_experts_module
 
-transformers = pytest.importorskip("transformers")
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+pytest.importorskip("transformers")
 
 ROWMAJOR = get_target("cpu").replace(layout=ROW_MAJOR)
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "glm4_moe", "granitemoe", "gpt_oss"]
 
 
 def _tiny(family: str):
-    from mxmoe.transformers.families import _model_candidates, tiny_config
+    from mxmoe.transformers.families import tiny_model
 
-    transformers.logging.set_verbosity_error()
-    mtype, cls = _model_candidates(family)[0]
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = cls(tiny_config(CONFIG_MAPPING[mtype])).eval()
+    model = tiny_model(family, randomize=False)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for m in model.modules():

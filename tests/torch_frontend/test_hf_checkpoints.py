@@ -28,21 +28,15 @@ _FIELDS = ("router_weight", "router_bias", "w13", "w13_scale", "w13_bias", "w2",
 
 
 def _tiny(family: str):
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from mxmoe.transformers.families import tiny_config, tiny_model
 
-    from mxmoe.transformers.families import _model_candidates, tiny_config
-
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
     if family == "llama4":
         from transformers import Llama4ForCausalLM, Llama4TextConfig
 
+        torch.manual_seed(0)
         return Llama4ForCausalLM(tiny_config(Llama4TextConfig, num_local_experts=4, num_experts_per_tok=1,
                                              interleave_moe_layer_step=1, intermediate_size_mlp=64))
-    mtype, cls = _model_candidates(family)[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return cls(tiny_config(CONFIG_MAPPING[mtype]))
+    return tiny_model(family, randomize=False)
 
 
 def _same(a: MoE, b: MoE) -> None:
