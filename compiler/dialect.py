@@ -6,8 +6,9 @@ This IREE build has no IRDL, so mxmoe ops are *unregistered* MLIR ops (generic f
 
 Ops (``T`` is the dynamic token count, ``k`` the experts per token, weights are packed MXFP4 bytes as i8)::
 
-  mxmoe.route(logits: T x E x f)                          -> (weights: T x k x f32, ids: T x k x i32)
-      {top_k, routing, renormalize}
+  mxmoe.route(logits: T x E x f[, score_bias: E x f32])  -> (weights: T x k x f32, ids: T x k x i32)
+      {top_k, routing, renormalize; optional: has_score_bias (false), n_group (1), topk_group (1), scaling (1.0)}
+      (docs/routing.md; score_bias, n_group and topk_group are "sigmoid_topk"'s)
   mxmoe.grouped_matmul(x, ids, w, w_scale[, bias])       -> T x k x N x f
       x: T x K x f (shared by the k slots) or T x k x K x f; w: E x N x K/2 x i8; w_scale: E x N x K/32 x i8;
       bias: E x N x f. fp32 accumulation, rounded to x's element type.  {has_bias}
@@ -26,12 +27,12 @@ A grouped matmul's row whose id is -1 is 0 (no bias): that slot adds nothing to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from iree.compiler import ir
 
-from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, RENORMALIZABLE, ROUTINGS
 
 #: Attributes the passes record on weight globals and grouped matmuls (``compiler.parameters`` reads them back as
 #: each weight's stored form): its layout (mxmoe-assign-layout), its role in a matmul, and how it was padded
@@ -55,6 +56,8 @@ class OpSchema:
     attrs: dict[str, type]
     verify: Callable[["OpView"], None]
     summary: str
+    #: attributes an op may leave out: name -> (type, the value it means then)
+    optional: dict[str, tuple[type, object]] = field(default_factory=dict)
 
 
 class OpView:
@@ -66,6 +69,9 @@ class OpView:
 
     def attr(self, name: str):
         if name not in self.op.attributes:
+            schema = SCHEMAS.get(self.name)
+            if schema is not None and name in schema.optional:
+                return schema.optional[name][1]
             self.fail(f"missing attribute '{name}'")
         try:
             return py_attr(self.op.attributes[name])
@@ -148,11 +154,13 @@ def _same(a, b) -> bool:
 
 # ------------------------------------------------------------------------------------ verifiers
 def _verify_route(v: OpView) -> None:
-    (logits,) = _n_operands(v, 1)
+    has_bias = v.attr("has_score_bias")
+    ts = _n_operands(v, 1 + int(has_bias))
+    logits = ts[0]
     if logits.rank != 2 or not _is_float(logits.element_type):
         v.fail(f"logits must be a rank-2 float tensor, got {logits}")
-    k, routing = v.attr("top_k"), v.attr("routing")
-    v.attr("renormalize")
+    k, routing, renorm = v.attr("top_k"), v.attr("routing"), v.attr("renormalize")
+    n_group, topk_group, scaling = v.attr("n_group"), v.attr("topk_group"), v.attr("scaling")
     e = shape(logits)[1]
     if e is None:
         v.fail(f"logits must have a static number of experts, got {logits}")
@@ -160,6 +168,22 @@ def _verify_route(v: OpView) -> None:
         v.fail(f"top_k={k} must be in 1..{e} (the number of experts)")
     if routing not in ROUTINGS:
         v.fail(f"routing must be one of {ROUTINGS}, got '{routing}'")
+    if renorm and routing not in RENORMALIZABLE:
+        v.fail(f"renormalize applies to routing {' or '.join(RENORMALIZABLE)}, not '{routing}'")
+    if has_bias:
+        if routing != "sigmoid_topk":
+            v.fail(f"a score bias applies to routing 'sigmoid_topk', not '{routing}'")
+        if shape(ts[1]) != [e] or not isinstance(ts[1].element_type, ir.F32Type):
+            v.fail(f"score_bias must be {e} x f32, got {ts[1]}")
+    if (n_group, topk_group) != (1, 1):
+        if routing != "sigmoid_topk":
+            v.fail(f"n_group/topk_group apply to routing 'sigmoid_topk', not '{routing}'")
+        if n_group <= 0 or e % n_group or e // n_group < 2:
+            v.fail(f"n_group={n_group} must divide the {e} experts into groups of 2 or more")
+        if not 0 < topk_group <= n_group or k > topk_group * (e // n_group):
+            v.fail(f"topk_group={topk_group} must be in 1..{n_group} and its groups hold top_k={k} experts")
+    if not scaling > 0:
+        v.fail(f"scaling must be positive, got {scaling}")
     res = _n_results(v, 2)
     if shape(res[0])[1:] != [k] or shape(res[1])[1:] != [k]:
         v.fail(f"results must be (T x {k} x f32, T x {k} x i32)")
@@ -310,7 +334,9 @@ def _same_tokens(v: OpView, *ts: ir.RankedTensorType) -> None:
 _GLU_ATTRS = {"activation": str, "alpha": float, "limit": float, "interleaved": bool}
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("mxmoe.route", {"top_k": int, "routing": str, "renormalize": bool}, _verify_route,
-             "top-k expert selection and mixing weights"),
+             "top-k expert selection and mixing weights",
+             optional={"has_score_bias": (bool, False), "n_group": (int, 1), "topk_group": (int, 1),
+                       "scaling": (float, 1.0)}),
     OpSchema("mxmoe.grouped_matmul", {"has_bias": bool}, _verify_grouped_matmul,
              "per (token, slot) MXFP4 matmul with the routed expert"),
     OpSchema("mxmoe.glu", dict(_GLU_ATTRS), _verify_glu, "gated activation of a fused gate/up projection"),
@@ -334,7 +360,7 @@ def verify_op(op: ir.Operation) -> None:
     v = OpView(op)
     if schema is None:
         v.fail(f"is not an op of the mxmoe dialect (known: {', '.join(sorted(SCHEMAS))})")
-    for name, ty in schema.attrs.items():
+    for name, ty in {**schema.attrs, **{n: t for n, (t, _) in schema.optional.items()}}.items():
         val = v.attr(name)
         if ty is float and isinstance(val, int) and not isinstance(val, bool):
             continue

@@ -177,9 +177,33 @@ class CudaTarget(Target):
             raise NotImplementedError(f"target {self.name} compiles one entry point per module (the Triton plan of "
                                       f"the layer); got {', '.join(names)}: compile each entry on its own")
 
+    #: what the Triton kernels implement today (their routing and GLU kernels); anything else is refused before
+    #: planning, so a layer never runs another routing or activation than its own
+    KERNEL_ROUTINGS: ClassVar[tuple[str, ...]] = ("topk_softmax", "softmax_topk")
+    KERNEL_ACTIVATIONS: ClassVar[tuple[str, ...]] = ("swiglu_oai", "silu")
+
+    def check_module(self, module) -> None:
+        """Refuse mxmoe ops whose semantics the Triton kernels do not implement (NotImplementedError naming it)."""
+        from mxmoe.compiler import dialect
+
+        def refuse(what: str) -> None:
+            raise NotImplementedError(f"target {self.name}: {what} is not built for the Triton path yet (IREE "
+                                      f"targets compile it; docs/transformers.md)")
+
+        for op in dialect.walk_mxmoe(module.operation):
+            v = dialect.OpView(op)
+            if op.name == "mxmoe.route":
+                if v.attr("routing") not in self.KERNEL_ROUTINGS:
+                    refuse(f"routing '{v.attr('routing')}'")
+                if v.attr("has_score_bias") or v.attr("n_group") != 1 or v.attr("scaling") != 1.0:
+                    refuse("a routing with a correction bias, expert groups or a scaling factor")
+            elif "activation" in op.attributes and v.attr("activation") not in self.KERNEL_ACTIVATIONS:
+                refuse(f"activation '{v.attr('activation')}'")
+
     def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main"):
         from mxmoe.compiler.triton_backend import compile_triton
 
+        self.check_module(module)
         plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings)
         return TritonCode(plan, binaries, interpret=interpret)
 

@@ -10,11 +10,28 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-#: Routing modes. "topk_softmax" is gpt-oss: top-k over the logits, softmax over the k chosen.
-#: "softmax_topk" is Mixtral/Qwen-style: softmax over all experts, then top-k (optionally renormalised).
-ROUTINGS = ("topk_softmax", "softmax_topk")
-#: Activations. "swiglu_oai" is gpt-oss's clamped SwiGLU; "silu" is plain SiLU-GLU.
-ACTIVATIONS = ("swiglu_oai", "silu")
+#: Routing modes (docs/routing.md):
+#:
+#: * "topk_softmax" (gpt-oss, Granite MoE): top-k over the logits, softmax over the k chosen.
+#: * "softmax_topk" (Mixtral, Qwen, OLMoE): softmax over all experts, then top-k (optionally renormalised).
+#: * "sigmoid_topk" (DeepSeek-V3, GLM-4 MoE, dots1): sigmoid scores; the top-k is chosen on the scores plus an
+#:   optional correction bias (``score_bias``), limited to the ``topk_group`` best of ``n_group`` expert groups;
+#:   the weights are the chosen experts' sigmoid scores (optionally renormalised).
+#: * "topk_sigmoid" (Llama-4): top-k over the logits, each weight the sigmoid of its logit.
+#:
+#: Every routing multiplies its weights by ``routed_scaling_factor`` last.
+ROUTINGS = ("topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigmoid")
+#: Routings whose weights may be renormalised to sum to 1 over the k chosen
+RENORMALIZABLE = ("softmax_topk", "sigmoid_topk")
+#: Activations of the GLU ``act(gate) * up`` (docs/transformers.md lists which family uses which):
+#:
+#: * "swiglu_oai": gpt-oss's clamped SwiGLU, ``(clamp(up, -L, L) + 1) * g * sigmoid(alpha * g)`` with
+#:   ``g = min(gate, L)`` (``swiglu_alpha``, ``swiglu_limit``);
+#: * "silu": plain SiLU-GLU, ``silu(gate) * up``;
+#: * "silu_clamped": ``silu(min(gate, L)) * clamp(up, -L, L)`` (DeepSeek-V4, Hunyuan-V4; ``swiglu_limit``);
+#: * "gelu": ``gelu(gate) * up`` with the exact (erf) GELU;
+#: * "gelu_tanh": ``gelu(gate) * up`` with the tanh approximation (Gemma-4's ``gelu_pytorch_tanh``).
+ACTIVATIONS = ("swiglu_oai", "silu", "silu_clamped", "gelu", "gelu_tanh")
 #: How a shared expert's weights are held: MXFP4 like the routed experts, or bf16 (many checkpoints keep them so).
 SHARED_FORMATS = ("mxfp4", "bf16")
 #: Entry points a compiled layer can have: "layer" (hidden states in, the layer's own router), "monolithic"
@@ -40,6 +57,12 @@ class MoEConfig:
       ids; a pair whose expert is not local (or whose id is outside [0, global)) contributes nothing here.
     * ``apply_router_weight_on_input``: the routing weight scales the token before the experts instead of the
       expert's output after (Llama-4); only with ``top_k == 1``.
+    * ``router_fp32``: the router's logits are fp32: the router linear runs in fp32 (``x.float() @ W.float()^T``,
+      not rounded to the activation dtype), as DeepSeek-V3, GLM-4 MoE and dots1 compute them, and the
+      ``monolithic`` entry takes fp32 logits; otherwise logits are in (rounded to) the activation dtype.
+    * routing details (docs/routing.md): ``n_group``/``topk_group`` (group-limited top-k of "sigmoid_topk"),
+      ``score_bias`` (its correction bias, a weight ``score_bias`` [E_global] fp32, used for choosing only) and
+      ``routed_scaling_factor`` (multiplies every routing's weights).
     * ``shared_intermediate`` > 0: a shared expert, a dense GLU MLP (gate rows then up rows, the routed
       experts' activation) every token also goes through, its output added to the routed one; with
       ``shared_gate`` it is first scaled by ``sigmoid(x @ shared_gate_weight^T)``. ``shared_format``: its
@@ -64,6 +87,11 @@ class MoEConfig:
     shared_intermediate: int = 0
     shared_gate: bool = False
     shared_format: str = "mxfp4"
+    router_fp32: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    score_bias: bool = False
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -86,15 +114,36 @@ class MoEConfig:
         if self.activation not in ACTIVATIONS:
             bad(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         for name in ("renormalize", "interleaved", "bias", "router_bias", "router", "apply_router_weight_on_input",
-                     "shared_gate"):
+                     "shared_gate", "router_fp32", "score_bias"):
             if not isinstance(getattr(self, name), bool):
                 bad(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.renormalize and self.routing != "softmax_topk":
-            bad("renormalize only applies to routing='softmax_topk'")
         for name in ("swiglu_alpha", "swiglu_limit"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 bad(f"{name} must be a finite number > 0, got {v!r}")
+        if self.renormalize and self.routing not in RENORMALIZABLE:
+            bad(f"renormalize only applies to routing {' or '.join(map(repr, RENORMALIZABLE))}, not {self.routing!r}")
+        for name in ("n_group", "topk_group"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                bad(f"{name} must be a positive int, got {v!r}")
+        g_all = self.experts_routed
+        if (self.n_group, self.topk_group) != (1, 1):
+            if self.routing != "sigmoid_topk":
+                bad(f"n_group/topk_group (group-limited top-k) apply to routing 'sigmoid_topk' only, not {self.routing!r}")
+            if g_all % self.n_group or g_all // self.n_group < 2:
+                bad(f"n_group={self.n_group} must divide the {g_all} experts routed over into groups of 2 or more")
+            if self.topk_group > self.n_group:
+                bad(f"topk_group={self.topk_group} exceeds n_group={self.n_group}")
+            if self.top_k > self.topk_group * (g_all // self.n_group):
+                bad(f"top_k={self.top_k} exceeds the {self.topk_group * (g_all // self.n_group)} experts of the "
+                    f"topk_group={self.topk_group} groups chosen")
+        if self.score_bias and self.routing != "sigmoid_topk":
+            bad(f"score_bias (a correction bias for choosing) applies to routing 'sigmoid_topk' only, not {self.routing!r}")
+        f = self.routed_scaling_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 or f != f or f == float("inf"):
+            bad(f"routed_scaling_factor must be a positive finite number, got {f!r}")
+        object.__setattr__(self, "routed_scaling_factor", float(f))
         if self.apply_router_weight_on_input and self.top_k != 1:
             bad(f"apply_router_weight_on_input needs top_k 1 (the weight scales the token once), got top_k {self.top_k}")
         s = self.shared_intermediate
@@ -136,10 +185,27 @@ class MoEConfig:
         return cls(**d)
 
 
-#: Named layer shapes. gpt-oss sizes are from the released models' config.json.
+#: what the SiLU-GLU families share: concatenated gate/up rows, no biases, a router without bias
+_GLU = dict(activation="silu", interleaved=False, bias=False, router_bias=False)
+
+#: Named layer shapes, from the released models' config.json (one MoE layer each; shared experts in bf16 as their
+#: checkpoints hold them).
 PRESETS: dict[str, MoEConfig] = {
     "gpt-oss-20b": MoEConfig(num_experts=32, top_k=4, hidden=2880, intermediate=2880),
     "gpt-oss-120b": MoEConfig(num_experts=128, top_k=4, hidden=2880, intermediate=2880),
+    "mixtral-8x7b": MoEConfig(num_experts=8, top_k=2, hidden=4096, intermediate=14336, routing="softmax_topk",
+                              renormalize=True, **_GLU),
+    "qwen3-30b-a3b": MoEConfig(num_experts=128, top_k=8, hidden=2048, intermediate=768, routing="softmax_topk",
+                               renormalize=True, **_GLU),
+    "qwen1.5-moe-a2.7b": MoEConfig(num_experts=60, top_k=4, hidden=2048, intermediate=1408, routing="softmax_topk",
+                                   shared_intermediate=5632, shared_gate=True, shared_format="bf16", **_GLU),
+    "olmoe-1b-7b": MoEConfig(num_experts=64, top_k=8, hidden=2048, intermediate=1024, routing="softmax_topk", **_GLU),
+    "deepseek-v3": MoEConfig(num_experts=256, top_k=8, hidden=7168, intermediate=2048, routing="sigmoid_topk",
+                             renormalize=True, n_group=8, topk_group=4, routed_scaling_factor=2.5, score_bias=True,
+                             router_fp32=True, shared_intermediate=2048, shared_format="bf16", **_GLU),
+    "llama-4-scout": MoEConfig(num_experts=16, top_k=1, hidden=5120, intermediate=8192, routing="topk_sigmoid",
+                               apply_router_weight_on_input=True, shared_intermediate=8192, shared_format="bf16",
+                               **_GLU),
     "tiny": MoEConfig(num_experts=8, top_k=2, hidden=64, intermediate=96),
 }
 

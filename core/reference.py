@@ -8,6 +8,7 @@ output and the combined result; everything in between is fp32.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -48,6 +49,8 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
     if entry == "modular":
         w, ids = np.asarray(topk_weights, np.float32).reshape(-1, cfg.top_k), np.asarray(topk_ids).reshape(-1, cfg.top_k)
     else:
+        # the router's dtype: the activation dtype, or fp32 (its logits are not rounded) with router_fp32
+        rdt = np.dtype(np.float32) if cfg.router_fp32 else dt
         if entry == "layer":
             logits = xs @ _round(weights.router_weight, dt).T
             if weights.router_bias is not None:
@@ -56,7 +59,7 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
             logits = np.asarray(router_logits, np.float32).reshape(-1, cfg.experts_routed)
         else:
             raise ValueError(f"unknown entry {entry!r}")
-        w, ids = route(_round(logits, dt), cfg)
+        w, ids = route(_round(logits, rdt), cfg, weights.score_bias)
     ids = local_ids(ids, cfg, weights.expert_map)
     if cfg.apply_router_weight_on_input:
         x_in = _round(xs[:, None, :] * _round(w, dt)[..., None], dt)       # [T, 1, H]
@@ -72,19 +75,61 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
     return out.reshape(shape)
 
 
-def route(logits: np.ndarray, cfg: MoEConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(weights f32 [T, k], ids [T, k]) from logits already rounded to the activation dtype: a stable descending
-    sort, so ties go to the lower expert index (the routing contract, docs/routing.md)."""
+def route(logits: np.ndarray, cfg: MoEConfig, score_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(weights f32 [T, k], ids [T, k]) from logits already rounded to the router's dtype: a stable descending
+    sort, so ties go to the lower expert index (the routing contract, docs/routing.md). ``score_bias`` [E] is the
+    correction bias of "sigmoid_topk" (added for choosing only)."""
+    logits = np.asarray(logits, np.float32)
+    k = cfg.top_k
     if cfg.routing == "topk_softmax":
-        ids = np.argsort(-logits, axis=-1, kind="stable")[:, : cfg.top_k]
+        ids = _top_k(logits, k)
         w = _softmax(np.take_along_axis(logits, ids, axis=-1))
+    elif cfg.routing == "topk_sigmoid":
+        ids = _top_k(logits, k)
+        w = _sigmoid(np.take_along_axis(logits, ids, axis=-1))
+    elif cfg.routing == "sigmoid_topk":
+        scores = _sigmoid(logits)
+        choice = scores + np.asarray(score_bias, np.float32) if score_bias is not None else scores
+        ids = _top_k(group_limited(choice, cfg.n_group, cfg.topk_group), k)
+        w = np.take_along_axis(scores, ids, axis=-1)
+        if cfg.renormalize:
+            w = w / (_slot_sum(w) + np.float32(1e-20))
     else:
         probs = _softmax(logits)
-        ids = np.argsort(-probs, axis=-1, kind="stable")[:, : cfg.top_k]
+        ids = _top_k(probs, k)
         w = np.take_along_axis(probs, ids, axis=-1)
         if cfg.renormalize:
             w = w / w.sum(-1, keepdims=True)
+    if cfg.routed_scaling_factor != 1.0:
+        w = w * np.float32(cfg.routed_scaling_factor)
     return w.astype(np.float32), ids
+
+
+def _top_k(values: np.ndarray, k: int) -> np.ndarray:
+    return np.argsort(-values, axis=-1, kind="stable")[:, :k]
+
+
+def _slot_sum(w: np.ndarray) -> np.ndarray:
+    """sum_j w[:, j] in f32, in slot order (the order every implementation adds them), keepdims."""
+    acc = np.zeros((w.shape[0], 1), np.float32)
+    for j in range(w.shape[1]):
+        acc = acc + w[:, j:j + 1]
+    return acc
+
+
+def group_limited(choice: np.ndarray, n_group: int, topk_group: int) -> np.ndarray:
+    """``choice`` [T, E] with the experts outside the ``topk_group`` best of ``n_group`` groups (consecutive
+    experts) set to -inf; a group's score is the sum of its two largest values (the larger first), ties of groups
+    to the lower group index."""
+    if n_group == 1 or topk_group == n_group:
+        return choice
+    t, e = choice.shape
+    grouped = choice.reshape(t, n_group, e // n_group)
+    top2 = -np.sort(-grouped, axis=-1)[..., :2]
+    group_scores = top2[..., 0] + top2[..., 1]
+    chosen = np.zeros((t, n_group), bool)
+    np.put_along_axis(chosen, _top_k(group_scores, topk_group), True, axis=-1)
+    return np.where(chosen[..., None], grouped, np.float32(-np.inf)).reshape(t, e).astype(np.float32)
 
 
 def local_ids(ids: np.ndarray, cfg: MoEConfig, expert_map: np.ndarray | None) -> np.ndarray:
@@ -99,11 +144,34 @@ def local_ids(ids: np.ndarray, cfg: MoEConfig, expert_map: np.ndarray | None) ->
 
 def glu(h: np.ndarray, cfg: MoEConfig, interleaved: bool) -> np.ndarray:
     gate, up = (h[..., 0::2], h[..., 1::2]) if interleaved else np.split(h, 2, axis=-1)
-    if cfg.activation == "swiglu_oai":
-        gate = np.minimum(gate, cfg.swiglu_limit)
-        up = np.clip(up, -cfg.swiglu_limit, cfg.swiglu_limit)
-        return ((up + 1.0) * (gate * _sigmoid(cfg.swiglu_alpha * gate))).astype(np.float32)
+    gate, up = gate.astype(np.float32), up.astype(np.float32)
+    act = cfg.activation
+    if act in ("swiglu_oai", "silu_clamped"):
+        lim = np.float32(cfg.swiglu_limit)
+        gate = np.minimum(gate, lim)
+        up = np.clip(up, -lim, lim)
+    if act == "swiglu_oai":
+        return ((up + np.float32(1.0)) * (gate * _sigmoid(np.float32(cfg.swiglu_alpha) * gate))).astype(np.float32)
+    if act == "gelu":
+        return (up * gelu(gate)).astype(np.float32)
+    if act == "gelu_tanh":
+        return (up * gelu_tanh(gate)).astype(np.float32)
     return (up * (gate * _sigmoid(gate))).astype(np.float32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The exact GELU ``x/2 * (1 + erf(x/sqrt(2)))`` in f32 (erf in f64, rounded: numpy has no erf)."""
+    x = np.asarray(x, np.float32)
+    z = (x * np.float32(1 / math.sqrt(2))).astype(np.float64)
+    erf = np.frompyfunc(math.erf, 1, 1)(z).astype(np.float32)
+    return (x * np.float32(0.5) * (np.float32(1.0) + erf)).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`` in f32."""
+    x = np.asarray(x, np.float32)
+    inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)
+    return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))).astype(np.float32)
 
 
 def shared_expert(weights: MoEWeights, xs: np.ndarray, dt: np.dtype) -> np.ndarray:
@@ -144,7 +212,8 @@ def _softmax(a: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(a: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-a))).astype(np.float32)
+    a = np.asarray(a, np.float32)
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-a))).astype(np.float32)
 
 
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:

@@ -35,6 +35,7 @@ DTYPES: dict[str, np.dtype] = {
     "I32": np.dtype("<i4"),
     "I64": np.dtype("<i8"),
     "BOOL": np.dtype(np.bool_),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),   # DeepSeek-V3's block-scaled FP8 checkpoints
 }
 _DTYPE_NAMES = {dt.newbyteorder("="): name for name, dt in DTYPES.items()}
 

@@ -35,13 +35,15 @@ VLLM_NAMES = {
     "shared_w2": "shared_w2_weight",
     "shared_w2_scale": "shared_w2_weight_scale",
     "shared_gate_weight": "shared_gate_weight",
+    "score_bias": "e_score_correction_bias",
 }
 
 #: the config field that turns each optional tensor on
 _FLAGS = {"router_weight": "router", "router_bias": "router_bias", "w13_bias": "bias", "w2_bias": "bias",
           "expert_map": "global_num_experts", "shared_w13": "shared_intermediate",
           "shared_w13_scale": "shared_intermediate with shared_format 'mxfp4'", "shared_w2": "shared_intermediate",
-          "shared_w2_scale": "shared_intermediate with shared_format 'mxfp4'", "shared_gate_weight": "shared_gate"}
+          "shared_w2_scale": "shared_intermediate with shared_format 'mxfp4'", "shared_gate_weight": "shared_gate",
+          "score_bias": "score_bias"}
 
 _F32, _U8, _I32 = np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int32)
 
@@ -67,6 +69,8 @@ def expected_tensors(config: MoEConfig) -> dict[str, tuple[tuple[int, ...], np.d
         "shared_w2": (((1, h, s // 2), _U8) if mx_shared else ((1, h, s), _F32)) if s else None,
         "shared_w2_scale": ((1, h, s // b), _U8) if mx_shared else None,
         "shared_gate_weight": ((1, h), _F32) if config.shared_gate else None,
+        # the routing's correction bias ("sigmoid_topk"), held in fp32 everywhere
+        "score_bias": ((g,), _F32) if config.score_bias else None,
     }
 
 
@@ -121,6 +125,7 @@ class MoEWeights:
     shared_w2: np.ndarray | None = None  # [1, H, S/2] uint8 or [1, H, S] float32
     shared_w2_scale: np.ndarray | None = None  # [1, H, S/32] uint8
     shared_gate_weight: np.ndarray | None = None  # [1, H] float32
+    score_bias: np.ndarray | None = None  # [E_global] float32: "sigmoid_topk"'s correction bias (choosing only)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -171,6 +176,8 @@ class MoEWeights:
             extra["shared_w2"] = _bf16(rng.standard_normal((1, h, s), dtype=np.float32) / np.float32(math.sqrt(s)))
         if config.shared_gate:
             extra["shared_gate_weight"] = _bf16(rng.standard_normal((1, h), dtype=np.float32) / np.float32(math.sqrt(h)))
+        if config.score_bias:  # about the spread of the sigmoid scores' differences, so it changes choices
+            extra["score_bias"] = rng.standard_normal(g, dtype=np.float32) * np.float32(0.05)
         if not config.router:
             router_weight = router_bias = None
         return cls(config, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, **extra)
@@ -271,6 +278,7 @@ class MoEWeights:
             shared_w2=_pad_axis(self.shared_w2, 1, dh, 0),
             shared_w2_scale=_pad_axis(self.shared_w2_scale, 1, dh, one),
             shared_gate_weight=_pad_axis(self.shared_gate_weight, 1, dh, 0),
+            score_bias=self.score_bias,
             w13=rows13(_pad_axis(self.w13, 2, dh // 2, 0), 0),
             w13_scale=rows13(_pad_axis(self.w13_scale, 2, dh // b, one), one),
             w13_bias=None if self.w13_bias is None else rows13(self.w13_bias, 0),

@@ -84,6 +84,33 @@ def _say(msg: str, quiet: bool = False) -> None:
 
 # ============================================================================================ compile
 
+def _load_hf_family(p: Path, args, dtype):
+    """A checkpoint of the MoE families (docs/transformers.md): its first MoE layer read now (bf16 experts quantized
+    while streaming), the others when the artifact's weights are packed."""
+    from mxmoe.core.hf_checkpoint import describe, hf_moe_layer_indices, layer_names, read_hf_moe_config
+    from mxmoe.core.checkpoint import _Tensors
+    from mxmoe.torch_frontend import MoE
+
+    cfg = read_hf_moe_config(p)
+    tensors = _Tensors(p)
+    layers = hf_moe_layer_indices(p, tensors)
+    if not layers:
+        raise CliError(f"{p}: no MoE layers found (no ...layers.N.mlp.gate.weight / router.weight with experts)")
+    if args.layer is not None:
+        if args.layer not in layers:
+            raise CliError(f"{p}: no MoE layer {args.layer} (layers: {_ranges(layers)})")
+        layers = [args.layer]
+    if args.weights == "external":
+        raise CliError(f"{p}: --weights external reads MXFP4 gpt-oss checkpoints only; this one's experts are "
+                       "quantized at compile time (use --weights embedded)")
+    for n in layers[1:]:  # every other layer's tensors are there, before compiling (read when packing)
+        layer_names(tensors, n)
+    with _Step(f"reading layer {layers[0]} of {p} ({describe(p)})", args.quiet):
+        layer = MoE.from_hf_checkpoint(str(p), layers[0], dtype=dtype, progress=None if not args.quiet else False)
+    desc = {"kind": "hf-moe", "path": str(p.resolve()), "layers": layers, "config": cfg.to_dict()}
+    return layer, None, desc, {"path": p.resolve(), "layers": layers, "family": True}
+
+
 def _load_source(args):
     """(module or ExportedProgram, example_inputs or None, description dict, checkpoint info or None)."""
     import torch
@@ -107,9 +134,12 @@ def _load_source(args):
     p = Path(src)
     if p.is_dir():
         from mxmoe.core.checkpoint import hf_moe_layers, read_hf_config
+        from mxmoe.core.hf_checkpoint import hf_model_type
 
         if not (p / "config.json").is_file():
             raise CliError(f"{p}: not a checkpoint directory (no config.json)")
+        if hf_model_type(p) != "gpt_oss" or not hf_moe_layers(p):  # another family, or float gpt-oss experts
+            return _load_hf_family(p, args, dtype)
         cfg = read_hf_config(p)
         layers = hf_moe_layers(p)
         if not layers:
@@ -250,15 +280,19 @@ def cmd_compile(args) -> int:
         compiled.model = options["model"]
     if ckpt is not None:
         from mxmoe.core.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.hf_checkpoint import read_hf_moe
 
-        srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
-        options["external_sources"] = srcs
+        # the families' bf16 experts are quantized as each layer's weights are packed; gpt-oss's are read as they are
+        read = read_hf_moe if ckpt.get("family") else read_hf_gpt_oss
+        if not ckpt.get("family"):
+            srcs = {f"layer.{n}": {"kind": "hf-gpt-oss", "path": str(ckpt["path"]), "layer": n} for n in ckpt["layers"]}
+            options["external_sources"] = srcs
         if args.weights == "embedded":
             model = compiled.model
 
             def getter(n):
                 def get():
-                    w = read_hf_gpt_oss(ckpt["path"], n)
+                    w = read(ckpt["path"], n)
                     return {param: getattr(w, f) for f, param in model["parameters"].items()}
                 return get
 
@@ -301,7 +335,7 @@ def _describe_source(desc: dict, compiled) -> str:
     kind = desc["kind"]
     if kind == "preset":
         return f"{what} [random {desc['preset']}, seed {desc['seed']}]"
-    if kind == "hf-gpt-oss":
+    if kind in ("hf-gpt-oss", "hf-moe"):
         return f"{what} [{desc['path']}, layer(s) {_ranges(desc['layers'])}]"
     if kind == "exported-program":
         return f"{what or 'exported program'} [{desc['path']}]"

@@ -6,7 +6,9 @@ The lifecycle follows how engines drive such a method, so an integration is a th
    I padded up front to the target's multiple: ``w13_weight`` [E, 2I', H'/2] uint8, ``w13_weight_scale``
    [E, 2I', H'/32], ``w2_weight`` [E, H', I'/2], ``w2_weight_scale`` [E, H', I'/32], ``w13_bias`` [E, 2I'],
    ``w2_bias`` [E, H'] (params dtype), and for a shared expert ``shared_w13_weight`` [2S', H'/2] (+ ``_scale``) or
-   bf16 [2S', H'], ``shared_w2_weight``, ``shared_gate_weight`` [1, H'].
+   bf16 [2S', H'], ``shared_w2_weight``, ``shared_gate_weight`` [1, H']; with DeepSeek-V3's routing
+   (``routing="sigmoid_topk"``, ``num_expert_group``/``topk_group``, ``routed_scaling_factor``)
+   ``e_score_correction_bias`` [E_global] fp32.
 2. The engine's checkpoint loader copies tensors into the unpadded regions (padding stays zero weights with unit
    scales, which contributes nothing; see :meth:`Mxfp4MoEMethod.create_weights` for where gate and up go).
 3. ``process_weights_after_loading(layer)`` converts them once to the target's layout and binds them to a module
@@ -40,6 +42,39 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries) -> Any:
+    """The compiled module (without weights) of ``weights``' layer shape for ``dtype``, ``target`` and ``entries``:
+    compiled on first use, then shared by every layer of that shape in this process."""
+    from mxmoe.compiler.targets import get_target
+    from mxmoe.torch_frontend.compile import compile as mx_compile
+    from mxmoe.torch_frontend.moe import MoE
+
+    target = get_target(target)
+    key = (weights.config, dtype, target, tuple(entries))
+    with _TEMPLATES_LOCK:
+        found = _TEMPLATES.get(key)
+        if found is None:
+            compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries))
+            found = _TEMPLATES[key] = compiled.without_weights()
+    return found
+
+
+def store_layer(template, weights: MoEWeights) -> dict[str, np.ndarray]:
+    """``weights`` as the arrays ``template`` reads (padded, in its target's layout), by parameter name."""
+    from mxmoe.compiler.parameters import store_parameters
+
+    # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
+    raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
+           for spec in template.parameter_specs}
+    return store_parameters(template.stored_forms, raw)
+
+
+def bind_layer(weights: MoEWeights, dtype: torch.dtype, target, entries):
+    """``weights`` bound to the module compiled once for their shape (:func:`layer_template`): its entry points."""
+    template = layer_template(weights, dtype, target, entries)
+    return template.with_parameters(store_layer(template, weights)).bound()
+
+
 class Mxfp4MoEMethod:
     """An MXFP4 fused-MoE method for one MoE layer shape on one target (see the module docstring)."""
 
@@ -49,7 +84,9 @@ class Mxfp4MoEMethod:
                  apply_router_weight_on_input: bool = False, shared_intermediate_size: int = 0,
                  shared_gate: bool = False, shared_format: str = "mxfp4", target: str = "cpu",
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, interleaved: bool = True,
-                 max_capture_size: int | None = None):
+                 max_capture_size: int | None = None, num_expert_group: int = 1, topk_group: int = 1,
+                 routed_scaling_factor: float = 1.0, e_score_correction_bias: bool = False,
+                 fp32_router_logits: bool = False):
         from mxmoe.compiler.targets import get_target
 
         self.target = get_target(target)
@@ -74,7 +111,9 @@ class Mxfp4MoEMethod:
             routing=routing, renormalize=renormalize, activation=activation, swiglu_alpha=swiglu_alpha,
             swiglu_limit=swiglu_limit, interleaved=interleaved, bias=has_bias, router_bias=False, router=False,
             global_num_experts=global_num_experts, apply_router_weight_on_input=apply_router_weight_on_input,
-            shared_intermediate=self.shared_padded, shared_gate=shared_gate, shared_format=shared_format)
+            shared_intermediate=self.shared_padded, shared_gate=shared_gate, shared_format=shared_format,
+            n_group=num_expert_group, topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
+            score_bias=e_score_correction_bias, router_fp32=fp32_router_logits)
         self.expert_map = None
         if global_num_experts is not None:
             em = expert_map if expert_map is not None else np.arange(global_num_experts) if \
@@ -110,6 +149,8 @@ class Mxfp4MoEMethod:
                 t = torch.full(shape, E8M0_ONE if field.endswith("_scale") else 0, dtype=torch.uint8)
             elif dtype == np.int32:
                 t = torch.from_numpy(self.expert_map.copy())
+            elif field == "score_bias":  # the routing's correction bias stays fp32, as checkpoints hold it
+                t = torch.zeros(shape, dtype=torch.float32)
             else:
                 t = torch.zeros(shape, dtype=params_dtype)
             layer.register_parameter(VLLM_NAMES[field], nn.Parameter(t, requires_grad=False))
@@ -118,9 +159,6 @@ class Mxfp4MoEMethod:
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert the loaded parameters to the target's layout and bind them to the compiled module (compiled
         once per layer shape and target, shared by every layer of that shape)."""
-        from mxmoe.compiler.parameters import store_parameters
-        from mxmoe.torch_frontend.moe import MoE
-
         fields = {}
         for field, name in VLLM_NAMES.items():
             if field.startswith("router"):
@@ -133,24 +171,8 @@ class Mxfp4MoEMethod:
             a = a.astype(np.float32) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
             fields[field] = a[None] if field.startswith("shared_w") else a
         weights = MoEWeights(self.config, None, None, **fields)
-        compiled = self._template(MoE, weights)
-        # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
-        raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
-               for spec in compiled.parameter_specs}
-        module = compiled.with_parameters(store_parameters(compiled.stored_forms, raw))
-        layer._mxmoe_module = module.bound()
+        layer._mxmoe_module = bind_layer(weights, self.params_dtype, self.target, self.entries)
         layer._mxmoe_device = next((p.device for p in layer.parameters()), torch.device("cpu"))
-
-    def _template(self, moe_cls, weights: MoEWeights):
-        from mxmoe.torch_frontend.compile import compile as mx_compile
-
-        key = (self.config, self.params_dtype, self.target.name, tuple(self.entries))
-        with _TEMPLATES_LOCK:
-            found = _TEMPLATES.get(key)
-            if found is None:
-                compiled = mx_compile(moe_cls(weights, dtype=self.params_dtype), self.target, entries=self.entries)
-                found = _TEMPLATES[key] = compiled.without_weights()
-        return found
 
     # ---------------------------------------------------------------------------------- 4. apply
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

@@ -524,6 +524,7 @@ def _process_region(gm: fx.GraphModule, nodes: list[fx.Node], placeholder_values
             out_node.args = ((out_node.args[0],),)
             sub.recompile()
         roles, weights, example_acts, devices, shapes = [], {}, [], set(), []
+        token_sizes: dict[str, int] = {}
         for i, n in enumerate(orig_inputs):
             if n.op == "get_attr":
                 val = _fetch_attr(gm, n.target)
@@ -545,6 +546,10 @@ def _process_region(gm: fx.GraphModule, nodes: list[fx.Node], placeholder_values
                 dims = [_hint(d) for d in val.shape]
                 if dims:
                     dims[0] = max(dims[0], 2)
+                    # inputs sharing the token count (the same symbol, e.g. the tokens and a shared expert's
+                    # projection of them) get the same example size: export gives them one dynamic dim
+                    tokens = token_sizes.setdefault(str(val.shape[0]), dims[0])
+                    dims[0] = tokens
                 if val.is_floating_point():
                     ex = torch.randn(dims, generator=torch.Generator().manual_seed(i)).to(val.dtype)
                 else:

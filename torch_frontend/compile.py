@@ -68,7 +68,8 @@ def example_inputs(layer: MoE, entry: str, tokens: int = 4) -> tuple:
     if entry == "layer":
         return (x,)
     if entry == "monolithic":
-        return (x, torch.randn(tokens, cfg.experts_routed, generator=g).to(layer.dtype))
+        logits_dtype = torch.float32 if cfg.router_fp32 else layer.dtype
+        return (x, torch.randn(tokens, cfg.experts_routed, generator=g).to(logits_dtype))
     if entry == "shared":
         return (x,)
     weights = torch.rand(tokens, cfg.top_k, generator=g)

@@ -2,6 +2,12 @@
 
 Recognised blocks:
 
+* the MoE blocks of transformers' common families (``mxmoe.torch_frontend.families.BLOCK_RETURNS``: Mixtral, MiniMax,
+  Qwen2/Qwen3/Qwen3-Next MoE, OLMoE, FlexOlmo, DeepSeek-V3, GLM-4 MoE, dots1, Granite MoE, Llama-4): router, experts
+  and shared expert (with its gate) become one :class:`HFMoEBlock`, the experts quantized to MXFP4 (the shared
+  expert kept in the checkpoint's bf16), the router checked by running it (docs/routing.md says which routing each
+  maps to). Its forward returns what the block's returned (the hidden states, or with Llama-4 also the router
+  logits).
 * transformers gpt-oss ``GptOssMLP`` (class name ``GptOssMLP`` with a ``router`` and ``experts``):
   float experts (bf16/fp16/fp32 ``gate_up_proj``/``down_proj``) are quantized to MXFP4 on the way;
   experts already holding MXFP4 blocks/scales (``gate_up_proj_blocks``/``..._scales``, the HF
@@ -26,7 +32,7 @@ from torch import nn
 
 from mxmoe.torch_frontend.moe import MoE
 
-__all__ = ["convert", "ConversionReport", "Replacement", "GptOssMoE"]
+__all__ = ["convert", "ConversionReport", "Replacement", "GptOssMoE", "HFMoEBlock"]
 
 #: class names of transformers' gpt-oss MoE blocks (the MXFP4 one is recognised only to say why it is skipped)
 _GPT_OSS_MLP = "GptOssMLP"
@@ -45,6 +51,26 @@ class GptOssMoE(MoE):
     def forward(self, hidden_states: torch.Tensor):  # type: ignore[override]
         out, weights = self.forward_with_routing(hidden_states)
         return out, weights.to(hidden_states.dtype)
+
+
+class HFMoEBlock(MoE):
+    """An mxmoe MoE layer standing in for a transformers MoE block (router + experts + shared expert): ``forward``
+    returns what the block's forward returned (``returns``: "tensor", or "logits": ``(hidden_states, router_logits)``
+    as Llama-4's ``Llama4TextMoe``). transformers' ``output_router_logits`` hooks on the router module are gone with
+    it: those outputs are not produced."""
+
+    def __init__(self, weights, dtype: torch.dtype = torch.bfloat16, returns: str = "tensor", source: str = ""):
+        super().__init__(weights, dtype=dtype)
+        self.returns, self.source = returns, source
+
+    def forward(self, hidden_states: torch.Tensor):  # type: ignore[override]
+        out = super().forward(hidden_states)
+        if self.returns == "logits":
+            return out, torch.nn.functional.linear(self._tokens(hidden_states), self.router_weight)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, from={self.source}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,14 @@ def _convert_gpt_oss(module: nn.Module, dtype: Optional[torch.dtype]) -> tuple[G
     return new.to(_device_of(module)), action
 
 
+def _convert_block(module: nn.Module, dtype: Optional[torch.dtype]) -> tuple[HFMoEBlock, str]:
+    from mxmoe.torch_frontend.families import block_spec
+
+    spec = block_spec(module, dtype)
+    new = HFMoEBlock(spec.weights, dtype=spec.dtype, returns=spec.returns, source=type(module).__name__)
+    return new.to(_device_of(module)), "mxfp4" if spec.quantization["exact"] else "quantized"
+
+
 def convert(model: nn.Module, *, dtype: Optional[torch.dtype] = None) -> ConversionReport:
     """Replace every recognised MoE block of ``model`` by an mxmoe layer, in place; return the report.
 
@@ -136,11 +170,16 @@ def convert(model: nn.Module, *, dtype: Optional[torch.dtype] = None) -> Convers
                          "(wrap it in a parent module, or use mxmoe.torch_frontend.GptOssMoE.from_transformers)")
     # Collect first, replace after: replacing while iterating named_modules would walk the new layers.
     found: list[tuple[str, nn.Module]] = []
+    from mxmoe.torch_frontend.families import BLOCK_RETURNS
+
+    known = (_GPT_OSS_MLP, _GPT_OSS_MXFP4_MLP, *BLOCK_RETURNS)
+    if name_of_root in BLOCK_RETURNS:
+        raise ValueError(f"convert: the root module is itself a {name_of_root}; it cannot be replaced in place "
+                         "(wrap it in a parent module, or use mxmoe.torch_frontend.MoE.from_transformers)")
     for name, mod in model.named_modules():
         if isinstance(mod, MoE):
             report.kept.append(_entry(name, mod, mod, "kept"))
-        elif type(mod).__name__ in (_GPT_OSS_MLP, _GPT_OSS_MXFP4_MLP) and not any(
-                name.startswith(p + ".") for p, _ in found):
+        elif type(mod).__name__ in known and not any(name.startswith(p + ".") for p, _ in found):
             found.append((name, mod))
     for name, mod in found:
         cls = type(mod).__name__
@@ -148,7 +187,10 @@ def convert(model: nn.Module, *, dtype: Optional[torch.dtype] = None) -> Convers
             if cls == _GPT_OSS_MXFP4_MLP:
                 raise ValueError("transformers' triton_kernels MXFP4 layer holds swizzled weights; load the "
                                  "model with Mxfp4Config(dequantize=True) or from float weights instead")
-            new, action = _convert_gpt_oss(mod, dtype)
+            if cls == _GPT_OSS_MLP:
+                new, action = _convert_gpt_oss(mod, dtype)
+            else:
+                new, action = _convert_block(mod, dtype)
         except ValueError as e:
             report.skipped.append(Replacement(name, cls, cls, "skipped", reason=str(e)))
             continue

@@ -20,7 +20,8 @@ from mxmoe.core.weights import MoEWeights
 
 #: buffers kept as they are (packed MXFP4 bytes, e8m0 scales, the int32 expert map); the rest are floats held in the
 #: activation dtype
-_EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_scale", "shared_w2_scale")
+_EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_scale", "shared_w2_scale",
+                "score_bias")
 _FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias", "shared_gate_weight")
 
 
@@ -53,6 +54,8 @@ class MoE(nn.Module):
                 buffers[name] = None
             elif name in _FLOAT_NAMES or (shared_float and name in ("shared_w13", "shared_w2")):
                 buffers[name] = torch.from_numpy(np.asarray(v, dtype=np.float32)).to(dtype)
+                if name in self._fp32_names():  # an fp32 router holds its (activation-dtype) values in fp32
+                    buffers[name] = buffers[name].float()
             else:
                 buffers[name] = torch.from_numpy(np.ascontiguousarray(v))
         # absent tensors last: torch.export (2.13) mis-numbers buffers after two or more None ones
@@ -70,19 +73,50 @@ class MoE(nn.Module):
         return cls(MoEWeights.random(config, seed=seed), dtype=dtype)
 
     @classmethod
-    def from_transformers(cls, mlp: nn.Module, dtype: Optional[torch.dtype] = None) -> "MoE":
-        """Build from a transformers ``GptOssMLP`` (float weights are quantized to MXFP4 here)."""
-        from mxmoe.torch_frontend.transformers_compat import weights_from_gpt_oss_mlp
+    def from_transformers(cls, block: nn.Module, dtype: Optional[torch.dtype] = None) -> "MoE":
+        """Build from a transformers MoE block: gpt-oss's ``GptOssMLP`` (MXFP4 blocks taken as they are), or the
+        block of a common family (router + experts + shared expert: Mixtral, Qwen2/3 MoE, Qwen3-Next, OLMoE,
+        DeepSeek-V3, GLM-4 MoE, dots1, Granite MoE, MiniMax, Llama-4; ``mxmoe.torch_frontend.families``). Float
+        expert weights are quantized to MXFP4 here; a block mxmoe cannot express raises ValueError saying why."""
+        from mxmoe.torch_frontend.families import BLOCK_RETURNS, block_spec
+        from mxmoe.torch_frontend.transformers_compat import is_gpt_oss_mlp, weights_from_gpt_oss_mlp
 
-        weights, src_dtype = weights_from_gpt_oss_mlp(mlp)
+        name = type(block).__name__
+        if name != "GptOssMLP" and (name in BLOCK_RETURNS or not is_gpt_oss_mlp(block)):
+            spec = block_spec(block, dtype)
+            return cls(spec.weights, dtype=spec.dtype)
+        weights, src_dtype = weights_from_gpt_oss_mlp(block)
         return cls(weights, dtype=dtype or src_dtype)
 
     @classmethod
-    def from_hf_checkpoint(cls, path: str, layer: int, dtype: torch.dtype = torch.bfloat16) -> "MoE":
-        """Build from layer ``layer`` of an HF gpt-oss checkpoint directory (MXFP4 blocks/scales)."""
+    def from_hf_checkpoint(cls, path: str, layer: int, dtype: torch.dtype = torch.bfloat16,
+                           progress: bool | None = None) -> "MoE":
+        """Build from layer ``layer`` of a Hugging Face checkpoint directory: gpt-oss (MXFP4 blocks taken as they
+        are), or a family of ``mxmoe.core.hf_checkpoint`` (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4 MoE,
+        Llama-4), whose bf16 (or FP8) experts are quantized to MXFP4 one tensor at a time, with a progress bar
+        (``progress``: None shows it on a terminal)."""
         from mxmoe.core.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.hf_checkpoint import hf_model_type, read_hf_moe, read_hf_moe_config
 
-        return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
+        if hf_model_type(path) == "gpt_oss":
+            try:
+                return cls(read_hf_gpt_oss(path, layer), dtype=dtype)
+            except ValueError as e:
+                if "gate_up_proj_blocks" not in str(e):
+                    raise  # float gpt-oss experts (a bf16 checkpoint) are read below
+        config = read_hf_moe_config(path)
+        bar = None
+        if progress is not False:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=config.num_experts, desc=f"layer {layer}: quantizing experts", unit="expert",
+                       disable=None if progress is None else False, leave=False)
+        try:
+            weights = read_hf_moe(path, layer, progress=bar.update if bar is not None else None, config=config)
+        finally:
+            if bar is not None:
+                bar.close()
+        return cls(weights, dtype=dtype)
 
     def to_weights(self) -> MoEWeights:
         """The layer's weights as numpy (floats as fp32), e.g. to write a checkpoint or compile."""
@@ -102,10 +136,19 @@ class MoE(nn.Module):
     def dtype(self) -> torch.dtype:
         return self._dtype
 
+    def _fp32_names(self) -> tuple[str, ...]:
+        """Buffers held in fp32 whatever the activation dtype: the correction bias, and an fp32 router's weights."""
+        return ("score_bias",) + (("router_weight", "router_bias") if self.config.router_fp32 else ())
+
     def _apply(self, fn, *args, **kwargs):  # .to(dtype) / .half() keep the activation dtype in step
+        keep = {n: getattr(self, n) for n in self._fp32_names() if getattr(self, n, None) is not None}
         out = super()._apply(fn, *args, **kwargs)
-        if self.w13_bias is not None or self.router_weight is not None:
-            self._dtype = (self.router_weight if self.router_weight is not None else self.w13_bias).dtype
+        probe = fn(torch.empty(0, dtype=self._dtype))
+        if isinstance(probe, torch.Tensor) and probe.is_floating_point():
+            self._dtype = probe.dtype
+        for n, t in keep.items():
+            if getattr(self, n).dtype != torch.float32:
+                setattr(self, n, t.to(getattr(self, n).device))
         return out
 
     def dequantized_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,9 +166,17 @@ class MoE(nn.Module):
         if self.router_weight is None:
             raise ValueError(f"{type(self).__name__}: this layer has no router (config.router is False); call "
                              "monolithic(x, router_logits) or modular(x, topk_weights, topk_ids)")
-        logits = F.linear(tokens, self.router_weight, self.router_bias)
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        if cfg.router_fp32:  # DeepSeek-V3's router: fp32 products of the held weights, logits not rounded
+            logits = F.linear(tokens.float(), self.router_weight, self.router_bias)
+        else:
+            logits = F.linear(tokens, self.router_weight, self.router_bias)
+        weights, ids = self._route(logits)
         return self._experts(tokens, weights, ids).reshape(x.shape), weights
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        return ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize, self.score_bias, cfg.n_group,
+                         cfg.topk_group, cfg.routed_scaling_factor)
 
     def monolithic(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The output for hidden states ``x`` and the router's logits ``[T, E_global]`` (the engine's router)."""
@@ -135,7 +186,7 @@ class MoE(nn.Module):
         if tuple(logits.shape) != (tokens.shape[0], cfg.experts_routed):
             raise ValueError(f"{type(self).__name__}: router_logits must be [T, {cfg.experts_routed}] for "
                              f"{tokens.shape[0]} tokens, got {tuple(router_logits.shape)}")
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        weights, ids = self._route(logits)
         return self._experts(tokens, weights, ids).reshape(x.shape)
 
     def modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

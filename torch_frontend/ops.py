@@ -2,7 +2,8 @@
 
 An MoE layer is four ops, split where the compiler wants seams:
 
-* ``mxmoe::route(logits, top_k, routing, renormalize) -> (weights f32 [T,k], ids i32 [T,k])``
+* ``mxmoe::route(logits, top_k, routing, renormalize, score_bias?, n_group, topk_group, scaling)
+  -> (weights f32 [T,k], ids i32 [T,k])`` (docs/routing.md)
 * ``mxmoe::mxfp4_grouped_matmul(x, ids, w, w_scale, bias?) -> [T,k,N]``: row ``(t, j)`` is
   ``x[t] @ dequant(w[ids[t,j]])^T + bias[ids[t,j]]``; ``x`` is ``[T,K]`` (shared by the k slots)
   or ``[T,k,K]`` (one row per slot). fp32 accumulation, result rounded to ``x.dtype``.
@@ -27,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, ROUTINGS
+from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, RENORMALIZABLE, ROUTINGS
 from mxmoe.torch_frontend.mxfp4 import dequantize
 
 _LIB = "mxmoe"
@@ -40,22 +41,37 @@ def _check(cond: bool, op: str, msg: str) -> None:
 
 # --------------------------------------------------------------------------------------------- route
 @torch.library.custom_op(f"{_LIB}::route", mutates_args=())
-def route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> tuple[Tensor, Tensor]:
-    """Pick ``top_k`` experts per token and their mixing weights (fp32, ids int32).
+def route(logits: Tensor, top_k: int, routing: str, renormalize: bool, score_bias: Optional[Tensor] = None,
+          n_group: int = 1, topk_group: int = 1, scaling: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Pick ``top_k`` experts per token and their mixing weights (fp32, ids int32); docs/routing.md.
 
     Ties go to the lower expert index (a stable sort), the rule every compiled path follows too:
     bf16 logits tie often enough that ``torch.topk``'s unspecified order would make results differ.
+    ``score_bias`` [E] (fp32), ``n_group``/``topk_group``: "sigmoid_topk"'s correction bias (added for choosing
+    only) and group-limited choice; ``scaling`` multiplies the weights last (``routed_scaling_factor``).
     """
-    check_route(logits, top_k, routing, renormalize)
+    check_route(logits, top_k, routing, renormalize, score_bias, n_group, topk_group, scaling)
     lf = logits.float()
     if routing == "topk_softmax":
         vals, ids = _top_k_stable(lf, top_k)
         weights = torch.softmax(vals, dim=-1)
+    elif routing == "topk_sigmoid":
+        vals, ids = _top_k_stable(lf, top_k)
+        weights = _sigmoid(vals)
+    elif routing == "sigmoid_topk":
+        scores = _sigmoid(lf)
+        choice = scores + score_bias.float() if score_bias is not None else scores
+        _, ids = _top_k_stable(_group_limited(choice, n_group, topk_group), top_k)
+        weights = scores.gather(1, ids)
+        if renormalize:
+            weights = weights / (_slot_sum(weights) + 1e-20)
     else:
         probs = torch.softmax(lf, dim=-1)
         weights, ids = _top_k_stable(probs, top_k)
         if renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scaling != 1.0:
+        weights = weights * scaling
     return weights, ids.to(torch.int32)
 
 
@@ -64,18 +80,59 @@ def _top_k_stable(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return vals[:, :k], ids[:, :k]
 
 
+def _sigmoid(x: Tensor) -> Tensor:
+    """1 / (1 + exp(-x)) in fp32, written out as the numpy reference and the compiled paths compute it."""
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def _slot_sum(w: Tensor) -> Tensor:
+    """sum_j w[:, j] in slot order (keepdim), the order every implementation adds them."""
+    acc = torch.zeros_like(w[:, :1])
+    for j in range(w.shape[1]):
+        acc = acc + w[:, j:j + 1]
+    return acc
+
+
+def _group_limited(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
+    """``choice`` [T, E] with the experts outside the ``topk_group`` best of ``n_group`` groups (consecutive experts)
+    at -inf; a group's score is the sum of its two largest values, ties of groups to the lower group index."""
+    if n_group == 1 or topk_group == n_group:
+        return choice
+    t, e = choice.shape
+    grouped = choice.reshape(t, n_group, e // n_group)
+    top2 = torch.sort(grouped, dim=-1, descending=True).values[..., :2]
+    _, groups = _top_k_stable(top2[..., 0] + top2[..., 1], topk_group)
+    chosen = torch.zeros((t, n_group), dtype=torch.bool, device=choice.device).scatter(1, groups, True)
+    return grouped.masked_fill(~chosen.unsqueeze(-1), float("-inf")).reshape(t, e)
+
+
 @route.register_fake
-def _(logits, top_k, routing, renormalize):
-    check_route(logits, top_k, routing, renormalize)
+def _(logits, top_k, routing, renormalize, score_bias=None, n_group=1, topk_group=1, scaling=1.0):
+    check_route(logits, top_k, routing, renormalize, score_bias, n_group, topk_group, scaling)
     t = logits.shape[0]
     return logits.new_empty((t, top_k), dtype=torch.float32), logits.new_empty((t, top_k), dtype=torch.int32)
 
 
-def check_route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> None:
+def check_route(logits: Tensor, top_k: int, routing: str, renormalize: bool, score_bias: Optional[Tensor] = None,
+                n_group: int = 1, topk_group: int = 1, scaling: float = 1.0) -> None:
     _check(logits.dim() == 2, "route", f"logits must be [T, E], got shape {tuple(logits.shape)}")
     _check(logits.is_floating_point(), "route", f"logits must be floating point, got {logits.dtype}")
-    _check(0 < top_k <= logits.shape[1], "route", f"top_k={top_k} must be in 1..{logits.shape[1]} (num experts)")
+    e = logits.shape[1]
+    _check(0 < top_k <= e, "route", f"top_k={top_k} must be in 1..{e} (num experts)")
     _check(routing in ROUTINGS, "route", f"routing must be one of {ROUTINGS}, got {routing!r}")
+    _check(not renormalize or routing in RENORMALIZABLE, "route",
+           f"renormalize applies to routing {' or '.join(RENORMALIZABLE)}, not {routing!r}")
+    if score_bias is not None:
+        _check(routing == "sigmoid_topk", "route", f"score_bias applies to routing 'sigmoid_topk', not {routing!r}")
+        _check(score_bias.dtype == torch.float32 and tuple(score_bias.shape) == (e,), "route",
+               f"score_bias must be float32 [{e}], got {score_bias.dtype} {tuple(score_bias.shape)}")
+    if (n_group, topk_group) != (1, 1):
+        _check(routing == "sigmoid_topk", "route", f"n_group/topk_group apply to routing 'sigmoid_topk', not {routing!r}")
+        _check(n_group > 0 and e % n_group == 0 and e // n_group >= 2, "route",
+               f"n_group={n_group} must divide the {e} experts into groups of 2 or more")
+        _check(0 < topk_group <= n_group and top_k <= topk_group * (e // n_group), "route",
+               f"topk_group={topk_group} must be in 1..{n_group} and its groups hold top_k={top_k} experts")
+    _check(scaling > 0, "route", f"scaling must be positive, got {scaling}")
 
 
 # ---------------------------------------------------------------------------- mxfp4_grouped_matmul
@@ -144,11 +201,16 @@ def glu(h: Tensor, activation: str, alpha: float, limit: float, interleaved: boo
         gate, up = hf[..., 0::2], hf[..., 1::2]
     else:
         gate, up = hf.chunk(2, dim=-1)
-    if activation == "swiglu_oai":
+    if activation in ("swiglu_oai", "silu_clamped"):
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
+    if activation == "swiglu_oai":
         out = (up + 1.0) * (gate * torch.sigmoid(alpha * gate))
-    else:
+    elif activation == "gelu":
+        out = up * torch.nn.functional.gelu(gate)
+    elif activation == "gelu_tanh":
+        out = up * torch.nn.functional.gelu(gate, approximate="tanh")
+    else:  # silu, silu_clamped
         out = up * (gate * torch.sigmoid(gate))
     return out.to(h.dtype)
 

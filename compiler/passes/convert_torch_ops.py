@@ -22,13 +22,16 @@ NAME = "mxmoe-convert-torch-ops"
 
 # torch custom op -> (mxmoe op, operand roles). "T" tensor, "T?" optional tensor, else an attribute name.
 _SIGNATURES = {
-    "torch.mxmoe.route": ("mxmoe.route", ("T", "top_k", "routing", "renormalize")),
+    "torch.mxmoe.route": ("mxmoe.route", ("T", "top_k", "routing", "renormalize", "T?", "n_group", "topk_group",
+                                          "scaling")),
     "torch.mxmoe.mxfp4_grouped_matmul": ("mxmoe.grouped_matmul", ("T", "T", "T", "T", "T?")),
     "torch.mxmoe.glu": ("mxmoe.glu", ("T", "activation", "alpha", "limit", "interleaved")),
     "torch.mxmoe.combine": ("mxmoe.combine", ("T", "T")),
     "torch.mxmoe.map_experts": ("mxmoe.map_experts", ("T", "T?", "num_global")),
     "torch.mxmoe.weight_rows": ("mxmoe.weight_rows", ("T", "T")),
 }
+#: trailing arguments a call may leave out (graphs exported before they existed): role -> the value it means then
+_DEFAULTS = {"torch.mxmoe.route": {"T?": None, "n_group": 1, "topk_group": 1, "scaling": 1.0}}
 _ELEMENTS = {"ui8": "i8", "si8": "i8", "si32": "i32", "si64": "i64", "bf16": "bf16", "f16": "f16", "f32": "f32",
              "i1": "i1"}
 _VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],(\w+)>")
@@ -71,10 +74,13 @@ def convert_op(op: ir.Operation) -> None:
     def fail(msg: str):
         raise VerifyError(f"{op.location}: {callee}: {msg}")
 
-    if len(op.operands) != len(roles):
-        fail(f"expects {len(roles)} arguments, got {len(op.operands)}")
+    defaults = _DEFAULTS.get(callee, {})
+    if not len(roles) - len(defaults) <= len(op.operands) <= len(roles):
+        fewest = len(roles) - len(defaults)
+        fail(f"expects {fewest if not defaults else f'{fewest} to {len(roles)}'} arguments, got {len(op.operands)}")
+    attrs = {role: defaults[role] for role in roles[len(op.operands):] if role != "T?"}
+    roles = roles[:len(op.operands)]
     # Check every argument before creating anything: bad arguments are reported before the IR is touched.
-    attrs = {}
     for i, (role, v) in enumerate(zip(roles, op.operands)):
         if role in ("T", "T?"):
             if str(v.type) == "!torch.none" and role == "T":
@@ -86,8 +92,8 @@ def convert_op(op: ir.Operation) -> None:
             attrs[role] = _constant(v)
         except ValueError as e:
             fail(f"argument '{role}' must be a compile-time constant, {e}")
-    if name == "mxmoe.glu":
-        for role in ("alpha", "limit"):
+    for role in ("alpha", "limit", "scaling"):
+        if role in attrs:
             if isinstance(attrs[role], bool) or not isinstance(attrs[role], (int, float)):
                 fail(f"argument '{role}' must be a number, got {attrs[role]!r}")
             attrs[role] = float(attrs[role])
@@ -107,6 +113,13 @@ def convert_op(op: ir.Operation) -> None:
             attrs["has_bias"] = len(operands) == 5
         if name == "mxmoe.map_experts":
             attrs["has_map"] = len(operands) == 2
+        if name == "mxmoe.route":
+            # the routing's optional attributes are written only where they differ from what their absence means
+            if len(operands) == 2:
+                attrs["has_score_bias"] = True
+            for role, default in _DEFAULTS[callee].items():
+                if role in attrs and attrs[role] == default:
+                    del attrs[role]
         new = dialect.create(name, operands, result_types, attrs, loc=op.location)
         for old, res in zip(op.results, new.results):
             back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[res]).result

@@ -73,21 +73,66 @@ def _decode_lines(code_i8: str, scale_i8: str, out: str) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- route
 def _route_func(fname: str, v: OpView) -> str:
-    (lt,) = v.operand_types()
+    """The routing contract (docs/routing.md): choose on f32 values (logits, softmax probabilities, or sigmoid
+    scores plus the correction bias, limited to the chosen groups), k rounds of a deterministic arg-max (ties to
+    the lower index), then the weights of the chosen experts."""
+    ts = v.operand_types()
+    lt = ts[0]
     t_, e = shape(lt)
     el = str(lt.element_type)
     k, routing, renorm = v.attr("top_k"), v.attr("routing"), v.attr("renormalize")
+    has_bias, n_group, topk_group, scaling = (v.attr("has_score_bias"), v.attr("n_group"), v.attr("topk_group"),
+                                              v.attr("scaling"))
     b = _Body()
     c0 = b.const(0, "index")
     T = b.v(f"tensor.dim %logits, {c0} : {_tt([None, e], el)}", "T")
     id2 = _map(2, "d0, d1")
-    row = _map(2, "d0")
     # logits -> f32
     src = _generic(b, [("%logits", _tt([None, e], el), id2)], [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)],
                    ["parallel", "parallel"], _to_f32_lines("%a", el, "%r") + ["linalg.yield %r : f32"],
                    [("%a", el), ("%o", "f32")])
+    scores = None
     if routing == "softmax_topk":
         src = _softmax(b, src, [None, e], T)
+    elif routing == "sigmoid_topk":
+        scores = src = _sigmoid(b, src, [None, e], T)
+        if has_bias:
+            src = _generic(b, [(scores, _tt([None, e], "f32"), id2), ("%score_bias", _tt([e], "f32"), _map(2, "d1"))],
+                           [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)], ["parallel", "parallel"],
+                           ["%r = arith.addf %a, %c : f32", "linalg.yield %r : f32"],
+                           [("%a", "f32"), ("%c", "f32"), ("%o", "f32")])
+        if n_group > 1 and topk_group < n_group:
+            src = _group_limit(b, src, e, n_group, topk_group, T)
+    vals, ids, _ = _arg_max_rounds(b, src, e, k, T)
+    if routing == "topk_softmax":
+        weights = _softmax(b, vals, [None, k], T)
+    elif routing == "topk_sigmoid":
+        weights = _sigmoid(b, vals, [None, k], T)
+    elif routing == "sigmoid_topk":
+        # the chosen experts' sigmoid scores (the values chosen on are the scores themselves without a bias)
+        weights = _gather_rows(b, scores, e, ids, k, T) if has_bias else vals
+        if renorm:
+            weights = _normalize_slots(b, weights, k, T, eps="1.000000e-20")
+    elif renorm:
+        weights = _normalize(b, vals, [None, k], T)
+    else:
+        weights = vals
+    if scaling != 1.0:
+        weights = _generic(b, [(weights, _tt([None, k], "f32"), id2)],
+                           [(_empty(b, [None, k], "f32", [T]), _tt([None, k], "f32"), id2)], ["parallel", "parallel"],
+                           [f"%f = arith.constant {float(scaling)!r} : f32", "%r = arith.mulf %a, %f : f32",
+                            "linalg.yield %r : f32"], [("%a", "f32"), ("%o", "f32")])
+    b.raw(f"return {weights}, {ids} : {_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}")
+    args = f"%logits: {_tt([None, e], el)}" + (f", %score_bias: {_tt([e], 'f32')}" if has_bias else "")
+    return (f"func.func private @{fname}({args}) -> ({_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}) {{\n  "
+            + "\n  ".join(b.lines) + "\n}")
+
+
+def _arg_max_rounds(b: _Body, src: str, e: int, k: int, T: str) -> tuple[str, str, str]:
+    """k rounds of a row arg-max over ``src`` [T, e] f32 (ties to the lower index, whatever the reduction order),
+    each round's winner masked to -inf before the next: (values [T, k], indices [T, k] i32, ``src`` with all k
+    winners masked)."""
+    id2, row = _map(2, "d0, d1"), _map(2, "d0")
     vals = _empty(b, [None, k], "f32", [T])
     ids = _empty(b, [None, k], "i32", [T])
     masked = src
@@ -106,23 +151,96 @@ def _route_func(fname: str, v: OpView) -> str:
         rv, ri = red + "#0", red + "#1"
         vals = b.v(f"tensor.insert_slice {rv} into {vals}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'f32')} into {_tt([None, k], 'f32')}", "ins")
         ids = b.v(f"tensor.insert_slice {ri} into {ids}[0, {j}] [{T}, 1] [1, 1] : {_tt([None], 'i32')} into {_tt([None, k], 'i32')}", "ins")
-        if j + 1 < k:
-            masked = _generic(
-                b, [(masked, _tt([None, e], "f32"), id2), (ri, _tt([None], "i32"), row)],
-                [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)], ["parallel", "parallel"],
-                ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
-                 "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
-                 "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
-                [("%a", "f32"), ("%w", "i32"), ("%o", "f32")])
-    if routing == "topk_softmax":
-        weights = _softmax(b, vals, [None, k], T)
-    elif renorm:
-        weights = _normalize(b, vals, [None, k], T)
-    else:
-        weights = vals
-    b.raw(f"return {weights}, {ids} : {_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}")
-    return (f"func.func private @{fname}(%logits: {_tt([None, e], el)}) -> ({_tt([None, k], 'f32')}, {_tt([None, k], 'i32')}) {{\n  "
-            + "\n  ".join(b.lines) + "\n}")
+        masked = _mask_column(b, masked, ri, e, T) if j + 1 < k else masked
+    return vals, ids, masked
+
+
+def _mask_column(b: _Body, src: str, winner: str, n: int, T: str) -> str:
+    """``src`` [T, n] f32 with each row's ``winner`` [T] i32 column set to -inf."""
+    id2, row = _map(2, "d0, d1"), _map(2, "d0")
+    return _generic(
+        b, [(src, _tt([None, n], "f32"), id2), (winner, _tt([None], "i32"), row)],
+        [(_empty(b, [None, n], "f32", [T]), _tt([None, n], "f32"), id2)], ["parallel", "parallel"],
+        ["%ix = linalg.index 1 : index", "%ei = arith.index_cast %ix : index to i32",
+         "%hit = arith.cmpi eq, %ei, %w : i32", "%ninf = arith.constant 0xFF800000 : f32",
+         "%r = arith.select %hit, %ninf, %a : f32", "linalg.yield %r : f32"],
+        [("%a", "f32"), ("%w", "i32"), ("%o", "f32")])
+
+
+def _group_limit(b: _Body, src: str, e: int, n_group: int, topk_group: int, T: str) -> str:
+    """``src`` [T, e] with the experts outside the ``topk_group`` best of ``n_group`` groups (consecutive experts)
+    at -inf; a group's score is the sum of its two largest values, ties of groups to the lower group index."""
+    m = e // n_group
+    g3 = [None, n_group, m]
+    grouped = b.v(f"tensor.expand_shape {src} [[0], [1, 2]] output_shape [{T}, {n_group}, {m}] : "
+                  f"{_tt([None, e], 'f32')} into {_tt(g3, 'f32')}", "grp")
+    m1 = _filled(b, [None, n_group], "f32", [T], "0xFF800000")
+    m2 = _filled(b, [None, n_group], "f32", [T], "0xFF800000")
+    # the two largest values of each group: a tie with the largest is the second largest (order-independent)
+    top2 = _generic(b, [(grouped, _tt(g3, "f32"), _map(3, "d0, d1, d2"))],
+                    [(m1, _tt([None, n_group], "f32"), _map(3, "d0, d1")),
+                     (m2, _tt([None, n_group], "f32"), _map(3, "d0, d1"))], ["parallel", "parallel", "reduction"],
+                    ["%gt = arith.cmpf ogt, %a, %b1 : f32", "%n1 = arith.select %gt, %a, %b1 : f32",
+                     "%gt2 = arith.cmpf ogt, %a, %b2 : f32", "%mx2 = arith.select %gt2, %a, %b2 : f32",
+                     "%n2 = arith.select %gt, %b1, %mx2 : f32", "linalg.yield %n1, %n2 : f32, f32"],
+                    [("%a", "f32"), ("%b1", "f32"), ("%b2", "f32")], nres=2)
+    id2 = _map(2, "d0, d1")
+    gscore = _generic(b, [(top2 + "#0", _tt([None, n_group], "f32"), id2), (top2 + "#1", _tt([None, n_group], "f32"), id2)],
+                      [(_empty(b, [None, n_group], "f32", [T]), _tt([None, n_group], "f32"), id2)],
+                      ["parallel", "parallel"], ["%r = arith.addf %a, %c : f32", "linalg.yield %r : f32"],
+                      [("%a", "f32"), ("%c", "f32"), ("%o", "f32")])
+    # after topk_group masked arg-max rounds the chosen groups are exactly those at -inf (group scores are finite)
+    _, _, gmasked = _arg_max_rounds_masking_all(b, gscore, n_group, topk_group, T)
+    out = _generic(b, [(grouped, _tt(g3, "f32"), _map(3, "d0, d1, d2")),
+                       (gmasked, _tt([None, n_group], "f32"), _map(3, "d0, d1"))],
+                   [(_empty(b, g3, "f32", [T]), _tt(g3, "f32"), _map(3, "d0, d1, d2"))], ["parallel"] * 3,
+                   ["%ninf = arith.constant 0xFF800000 : f32", "%chosen = arith.cmpf oeq, %g, %ninf : f32",
+                    "%r = arith.select %chosen, %a, %ninf : f32", "linalg.yield %r : f32"],
+                   [("%a", "f32"), ("%g", "f32"), ("%o", "f32")])
+    return b.v(f"tensor.collapse_shape {out} [[0], [1, 2]] : {_tt(g3, 'f32')} into {_tt([None, e], 'f32')}", "ungrp")
+
+
+def _arg_max_rounds_masking_all(b: _Body, src: str, n: int, rounds: int, T: str):
+    """:func:`_arg_max_rounds` with the last winner masked too (the mask is the result wanted)."""
+    vals, ids, masked = _arg_max_rounds(b, src, n, rounds, T)
+    last = b.v(f"tensor.extract_slice {ids}[0, {rounds - 1}] [{T}, 1] [1, 1] : {_tt([None, rounds], 'i32')} to "
+               f"{_tt([None], 'i32')}", "last")
+    return vals, ids, _mask_column(b, masked, last, n, T)
+
+
+def _sigmoid(b: _Body, src: str, dims, T: str) -> str:
+    """1 / (1 + exp(-x)) in f32, elementwise (as the references write it)."""
+    id2 = _map(2, "d0, d1")
+    return _generic(b, [(src, _tt(dims, "f32"), id2)], [(_empty(b, dims, "f32", [T]), _tt(dims, "f32"), id2)],
+                    ["parallel", "parallel"],
+                    ["%one = arith.constant 1.0 : f32", "%n = arith.negf %a : f32", "%x = math.exp %n : f32",
+                     "%d = arith.addf %x, %one : f32", "%r = arith.divf %one, %d : f32", "linalg.yield %r : f32"],
+                    [("%a", "f32"), ("%o", "f32")])
+
+
+def _gather_rows(b: _Body, src: str, e: int, ids: str, k: int, T: str) -> str:
+    """out[t, j] = src[t, ids[t, j]] (src [T, e] f32, ids [T, k] i32)."""
+    id2 = _map(2, "d0, d1")
+    return _generic(b, [(ids, _tt([None, k], "i32"), id2)], [(_empty(b, [None, k], "f32", [T]), _tt([None, k], "f32"), id2)],
+                    ["parallel", "parallel"],
+                    ["%t = linalg.index 0 : index", "%ix = arith.index_cast %i : i32 to index",
+                     f"%r = tensor.extract {src}[%t, %ix] : {_tt([None, e], 'f32')}", "linalg.yield %r : f32"],
+                    [("%i", "i32"), ("%o", "f32")])
+
+
+def _normalize_slots(b: _Body, src: str, k: int, T: str, eps: str) -> str:
+    """src[t, j] / (sum_j src[t, j] + eps): the sum in slot order j = 0.. from 0.0 (the references' order), one
+    parallel generic over the k columns (no reduction whose order the compiler picks)."""
+    row, one, id2 = _map(2, "d0"), _map(1, "d0"), _map(2, "d0, d1")
+    cols = [b.v(f"tensor.extract_slice {src}[0, {j}] [{T}, 1] [1, 1] : {_tt([None, k], 'f32')} to {_tt([None], 'f32')}",
+                "wj") for j in range(k)]
+    body = ["%s0 = arith.constant 0.0 : f32"] + [f"%s{j + 1} = arith.addf %s{j}, %col{j} : f32" for j in range(k)]
+    body += [f"%eps = arith.constant {eps} : f32", f"%r = arith.addf %s{k}, %eps : f32", "linalg.yield %r : f32"]
+    sm = _generic(b, [(c, _tt([None], "f32"), one) for c in cols], [(_empty(b, [None], "f32", [T]), _tt([None], "f32"), one)],
+                  ["parallel"], body, [(f"%col{j}", "f32") for j in range(k)] + [("%o", "f32")])
+    return _generic(b, [(src, _tt([None, k], "f32"), id2), (sm, _tt([None], "f32"), row)],
+                    [(_empty(b, [None, k], "f32", [T]), _tt([None, k], "f32"), id2)], ["parallel", "parallel"],
+                    ["%r = arith.divf %a, %s : f32", "linalg.yield %r : f32"], [("%a", "f32"), ("%s", "f32"), ("%o", "f32")])
 
 
 def _row_reduce(b: _Body, src: str, n: int, T: str, init: str, combine: str) -> str:
@@ -240,9 +358,28 @@ def _glu_apply(b: _Body, h: str, dims_in: list, el_in: str, el_out: str, T: str,
                  "%z = arith.mulf %g, %alpha : f32", "%nz = arith.negf %z : f32", "%ez = math.exp %nz : f32",
                  "%den = arith.addf %ez, %one : f32", "%sig = arith.divf %one, %den : f32", "%glu = arith.mulf %g, %sig : f32",
                  "%up1 = arith.addf %u, %one : f32", "%res = arith.mulf %up1, %glu : f32"]
-    else:
-        body += ["%nz = arith.negf %g1 : f32", "%ez = math.exp %nz : f32", "%den = arith.addf %ez, %one : f32",
-                 "%sig = arith.divf %one, %den : f32", "%glu = arith.mulf %g1, %sig : f32", "%res = arith.mulf %u1, %glu : f32"]
+    elif act in ("gelu", "gelu_tanh"):
+        body += ["%half = arith.constant 0.5 : f32", "%hx = arith.mulf %g1, %half : f32"]
+        if act == "gelu":  # x/2 * (1 + erf(x / sqrt(2)))
+            body += [f"%rs2 = arith.constant {1 / 2 ** 0.5!r} : f32", "%z = arith.mulf %g1, %rs2 : f32",
+                     "%t = math.erf %z : f32"]
+        else:  # x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+            body += [f"%beta = arith.constant {(2 / 3.141592653589793) ** 0.5!r} : f32",
+                     "%kap = arith.constant 0.044715 : f32", "%x2 = arith.mulf %g1, %g1 : f32",
+                     "%x3 = arith.mulf %x2, %g1 : f32", "%kx3 = arith.mulf %x3, %kap : f32",
+                     "%in0 = arith.addf %g1, %kx3 : f32", "%in = arith.mulf %in0, %beta : f32", "%t = math.tanh %in : f32"]
+        body += ["%t1 = arith.addf %t, %one : f32", "%glu = arith.mulf %hx, %t1 : f32", "%res = arith.mulf %u1, %glu : f32"]
+    else:  # silu, silu_clamped
+        if act == "silu_clamped":
+            body += [f"%lim = arith.constant {float(limit)!r} : f32", f"%nlim = arith.constant {-float(limit)!r} : f32",
+                     "%g = arith.minimumf %g1, %lim : f32", "%u2 = arith.minimumf %u1, %lim : f32",
+                     "%u = arith.maximumf %u2, %nlim : f32"]
+            g, u = "%g", "%u"
+        else:
+            g, u = "%g1", "%u1"
+        body += [f"%nz = arith.negf {g} : f32", "%ez = math.exp %nz : f32", "%den = arith.addf %ez, %one : f32",
+                 f"%sig = arith.divf %one, %den : f32", f"%glu = arith.mulf {g}, %sig : f32",
+                 f"%res = arith.mulf {u}, %glu : f32"]
     body += _from_f32_lines("%res", el_out, "%out") + [f"linalg.yield %out : {el_out}"]
     ident = _map(r, ", ".join(f"d{d}" for d in range(r)))
     return _generic(b, [(gate, _tt(out_dims, el_in), ident), (up, _tt(out_dims, el_in), ident)],

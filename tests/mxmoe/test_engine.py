@@ -55,7 +55,7 @@ def _load(layer: nn.Module, w: MoEWeights, cfg: MoEConfig, method: Mxfp4MoEMetho
 def _bf16_floats(w: MoEWeights) -> MoEWeights:
     """The reference's view of a layer whose floats (biases, gate) the engine holds in bf16."""
     d = {f: getattr(w, f) for f in ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13",
-                                     "shared_w13_scale", "shared_w2", "shared_w2_scale")}
+                                     "shared_w13_scale", "shared_w2", "shared_w2_scale", "score_bias")}
     for f in ("w13_bias", "w2_bias", "shared_gate_weight"):
         a = getattr(w, f)
         d[f] = None if a is None else a.astype(BF16).astype(np.float32)
@@ -161,3 +161,29 @@ def test_layers_of_one_shape_share_one_compiled_module():
     method.process_weights_after_loading(third)
     assert len(engine._TEMPLATES) == before
     assert layers[0]._mxmoe_module is not layers[1]._mxmoe_module
+
+
+def test_deepseek_routing_in_the_monolithic_entry():
+    """DeepSeek-V3's routing through the engine method: fp32 router logits, the correction bias loaded into
+    ``e_score_correction_bias`` (fp32), groups, scaling."""
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden=64, intermediate=96, activation="silu", interleaved=False,
+                    bias=False, router=False, router_bias=False, routing="sigmoid_topk", renormalize=True, n_group=4,
+                    topk_group=2, routed_scaling_factor=2.5, score_bias=True, router_fp32=True)
+    w = MoEWeights.random(cfg, seed=3)
+    method = Mxfp4MoEMethod(num_experts=8, top_k=2, hidden_size=64, intermediate_size=96, has_bias=False,
+                            activation="silu", routing="sigmoid_topk", renormalize=True, interleaved=False,
+                            num_expert_group=4, topk_group=2, routed_scaling_factor=2.5, e_score_correction_bias=True,
+                            fp32_router_logits=True, target=PADDED_CPU)
+    layer = nn.Module()
+    method.create_weights(layer, params_dtype=torch.bfloat16)
+    assert layer.e_score_correction_bias.dtype == torch.float32 and layer.e_score_correction_bias.shape == (8,)
+    _load(layer, w, cfg, method)
+    with torch.no_grad():
+        layer.e_score_correction_bias.copy_(torch.from_numpy(w.score_bias))
+    method.process_weights_after_loading(layer)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 64, generator=g).bfloat16()
+    logits = torch.randn(9, 8, generator=g)
+    y = method.apply_monolithic(layer, x, logits)
+    ref = numpy_reference(_bf16_floats(w), x.float().numpy(), BF16, entry="monolithic", router_logits=logits.numpy())
+    assert relative_error(y.float().numpy(), ref) <= TOL

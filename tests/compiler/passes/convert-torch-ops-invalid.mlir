@@ -36,11 +36,11 @@ func.func @unknown_op(%l: !torch.vtensor<[?,4],f32>) {
 
 // -----
 
-// route takes (logits, top_k, routing, renormalize).
+// route takes (logits, top_k, routing, renormalize) and optionally (score_bias, n_group, topk_group, scaling).
 func.func @missing_argument(%l: !torch.vtensor<[?,4],f32>) {
   %k = torch.constant.int 2
   %routing = torch.constant.str "topk_softmax"
-  // CHECK: convert-torch-ops-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: torch.mxmoe.route: expects 4 arguments, got 3
+  // CHECK: convert-torch-ops-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: torch.mxmoe.route: expects 4 to 8 arguments, got 3
   %r:2 = torch.operator "torch.mxmoe.route"(%l, %k, %routing) : (!torch.vtensor<[?,4],f32>, !torch.int, !torch.str) -> (!torch.vtensor<[?,2],f32>, !torch.vtensor<[?,2],si32>)
   return
 }

@@ -61,7 +61,7 @@ func.func @f5(%l: tensor<?x?xbf16>) {
 
 // route: unknown routing
 func.func @f6(%l: tensor<?x4xbf16>) {
-  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op routing must be one of ('topk_softmax', 'softmax_topk'), got 'sigmoid'
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op routing must be one of ('topk_softmax', 'softmax_topk', 'sigmoid_topk', 'topk_sigmoid'), got 'sigmoid'
   %r:2 = "mxmoe.route"(%l) {renormalize = false, routing = "sigmoid", top_k = 2 : i64} : (tensor<?x4xbf16>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
   return
 }
@@ -286,8 +286,8 @@ func.func @f30(%h: tensor<?x2x63xbf16>) {
 
 // glu: unknown activation
 func.func @f31(%h: tensor<?x2x64xbf16>) {
-  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.glu' op activation must be one of ('swiglu_oai', 'silu'), got 'gelu'
-  %a = "mxmoe.glu"(%h) {activation = "gelu", alpha = 1.702 : f32, interleaved = true, limit = 7.0 : f32} : (tensor<?x2x64xbf16>) -> tensor<?x2x32xbf16>
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.glu' op activation must be one of ('swiglu_oai', 'silu', 'silu_clamped', 'gelu', 'gelu_tanh'), got 'relu'
+  %a = "mxmoe.glu"(%h) {activation = "relu", alpha = 1.702 : f32, interleaved = true, limit = 7.0 : f32} : (tensor<?x2x64xbf16>) -> tensor<?x2x32xbf16>
   return
 }
 
@@ -470,4 +470,49 @@ func.func @weight_rows_bad_result(%x: tensor<?x64xbf16>, %w: tensor<?x1xf32>) ->
   // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.weight_rows' op result must be T x 1 x 64 x bf16, got tensor<?x1x64xf32>
   %r = "mxmoe.weight_rows"(%x, %w) : (tensor<?x64xbf16>, tensor<?x1xf32>) -> tensor<?x1x64xf32>
   return %r : tensor<?x1x64xf32>
+}
+
+// -----
+
+// route: groups that do not divide the experts into groups of 2 or more
+func.func @route_bad_groups(%l: tensor<?x8xf32>) {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op n_group=8 must divide the 8 experts into groups of 2 or more
+  %r:2 = "mxmoe.route"(%l) {renormalize = false, routing = "sigmoid_topk", top_k = 2 : i64, n_group = 8 : i64, topk_group = 2 : i64} : (tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+// route: the chosen groups hold fewer experts than top_k
+func.func @route_groups_too_few(%l: tensor<?x8xf32>) {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op topk_group=1 must be in 1..4 and its groups hold top_k=3 experts
+  %r:2 = "mxmoe.route"(%l) {renormalize = false, routing = "sigmoid_topk", top_k = 3 : i64, n_group = 4 : i64, topk_group = 1 : i64} : (tensor<?x8xf32>) -> (tensor<?x3xf32>, tensor<?x3xi32>)
+  return
+}
+
+// -----
+
+// route: has_score_bias without its operand
+func.func @route_bias_missing(%l: tensor<?x8xf32>) {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op expects 2 operands, got 1
+  %r:2 = "mxmoe.route"(%l) {renormalize = false, routing = "sigmoid_topk", top_k = 2 : i64, has_score_bias = true} : (tensor<?x8xf32>) -> (tensor<?x2xf32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+// route: renormalize on a routing whose weights are not renormalised
+func.func @route_renorm_topk_sigmoid(%l: tensor<?x8xbf16>) {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op renormalize applies to routing softmax_topk or sigmoid_topk, not 'topk_sigmoid'
+  %r:2 = "mxmoe.route"(%l) {renormalize = true, routing = "topk_sigmoid", top_k = 1 : i64} : (tensor<?x8xbf16>) -> (tensor<?x1xf32>, tensor<?x1xi32>)
+  return
+}
+
+// -----
+
+// route: an optional attribute of the wrong type
+func.func @route_scaling_type(%l: tensor<?x8xbf16>) {
+  // CHECK: verify-invalid.mlir:[[# @LINE + 1]]:{{[0-9]+}}: error: 'mxmoe.route' op attribute 'scaling' must be float, got 'x'
+  %r:2 = "mxmoe.route"(%l) {renormalize = false, routing = "softmax_topk", top_k = 1 : i64, scaling = "x"} : (tensor<?x8xbf16>) -> (tensor<?x1xf32>, tensor<?x1xi32>)
+  return
 }
