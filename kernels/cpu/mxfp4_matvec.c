@@ -382,21 +382,54 @@ static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, 
     }                                                                                                  \
   } while (0)
 
+
+/* the f32 scales of blocks [b0, b0 + 16) of a row with nb blocks, exactly (0: 2^-127, 255: NaN; blocks at or
+ * past nb read as byte 0) */
+static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
+  const size_t n = nb - b0 < 16 ? nb - b0 : 16;
+  const __mmask16 m = n == 16 ? 0xFFFFu : (__mmask16)((1u << n) - 1u);
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, srow + b0));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512());
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255));
+  __m512i v = _mm512_mask_mov_epi32(_mm512_slli_epi32(b, 23), zero, _mm512_set1_epi32(0x00400000));
+  v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(v);
+}
+
 /* matvec: R (1..4) packed activation rows (stride xrow elements) against one weight row decoded in
- * registers; two accumulators per row (one per half of the pair) */
-#define BDOT_ROWS(R)                                                                                   \
-  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,    \
-                            size_t xrow, float *res) {                                                 \
-    __m512 a0[R], a1[R];                                                                               \
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();                                   \
-    FOR_EACH_PAIR(wrow, srow, nb, {                                                                    \
-      for (int r = 0; r < R; ++r) {                                                                    \
-        const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
-        a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-        a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32))); \
+ * registers.  The e2m1 values come from a constant table (vpermw's index is the byte's low 5 bits, and the
+ * table repeats every 16 entries, so the low nibble needs no mask), and the block scales are applied to
+ * each pair's two block sums in f32 (one fma per row and pair): fewer ops per pair than the GEMM's scaled
+ * table when few rows share the decode (R = 1: 2.0-2.4 vs 2.8-3.6 ns per pair, one thread, L1-resident
+ * weights, interleaved), and exact for every scale byte. */
+#define BDOT_ROWS(R)                                                                                  \
+  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,   \
+                             size_t xrow, float *res) {                                                \
+    const size_t np = row_pairs(nb);                                                                   \
+    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);                                   \
+    const __m512i idx0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);              \
+    __m512 acc[R];                                                                                     \
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                          \
+    for (size_t g = 0; g < np; g += 8) {                                                               \
+      const __m512 sv = scales16(srow, nb, 2 * g);                                                     \
+      const size_t ge = g + 8 < np ? g + 8 : np;                                                       \
+      __m512i idx = idx0;                                                                              \
+      for (size_t p = g; p < ge; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {             \
+        const __m256i raw = 2 * p + 1 == nb ? _mm256_maskz_loadu_epi8(0xFFFFu, wrow + 32 * p)          \
+                                            : _mm256_loadu_si256((const __m256i *)(wrow + 32 * p));    \
+        const __m512i v = _mm512_cvtepu8_epi16(raw);                                                   \
+        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                \
+        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);          \
+        const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                              \
+        for (int r = 0; r < R; ++r) {                                                                  \
+          const uint16_t *xp = x + r * xrow + 64 * p;                                                  \
+          __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
+          t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));          \
+          acc[r] = _mm512_fmadd_ps(t, sc, acc[r]);                                                     \
+        }                                                                                              \
       }                                                                                                \
-    });                                                                                                \
-    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));           \
+    }                                                                                                  \
+    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);                                 \
   }
 BDOT_ROWS(1)
 BDOT_ROWS(2)
@@ -530,7 +563,11 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
       for (size_t j = 0; j < 4; ++j) { /* a partial last quad repeats its last row */
         const size_t o = o0 + j < it->n1 ? o0 + j : it->n1 - 1;
         __m512i *dst = wbuf + j * 2 * npc;
+        /* the next quad's row: its bytes are fetched while this quad's dot products run (the decode
+         * otherwise waits for DRAM at every quad) */
+        const char *next = (const char *)(it->w + (o + 4 < it->n1 ? o + 4 : o) * kh + 16 * b0);
         FOR_EACH_PAIR(it->w + o * kh + 16 * b0, it->s + o * nb + b0, nbc, {
+          if (!(p & 1)) _mm_prefetch(next + 32 * p, _MM_HINT_T0);
           dst[2 * p] = lo;
           dst[2 * p + 1] = hi;
         });
