@@ -1,54 +1,95 @@
-"""CPU benchmark: one gpt-oss-20b MoE layer compiled by mxmoe (target "cpu") vs an eager torch baseline.
+"""CPU benchmark: one gpt-oss-20b MoE layer (router included) compiled by mxmoe (target "cpu"), side by side
+with llama.cpp's CPU backend (ggml) running the same layer.
 
-    .venv/bin/python benchmarks/cpu_moe.py [--tokens 1,8,64,512] [--repeats 7] [--threads 2]
+    .venv/bin/python benchmarks/cpu_moe.py [--tokens 1,4,8,64,512] [--threads 2] [--rounds 3] [--repeats 9]
+        [--peer llamacpp] [--scaling 512,4096,32768,262144] [--timeline 1] [--torch]
 
-Per token count (random inputs, random router => close to uniform routing) it prints:
-  mxmoe ms     median of warm runs of the compiled module (IREE llvm-cpu, local-task)
-  torch ms     median of warm runs of the baseline, measured in the same process: route with torch ops, then
-               for each *selected* expert only: dequantize its MXFP4 weights with a 256-entry byte table
-               (two values per lookup) and the block scales, and run the rows routed to it through
-               ``torch.matmul`` (oneDNN), GLU, second matmul, weighted combine. The matmuls run in bf16 or
-               fp32, whichever is faster on this machine (--baseline-dtype picks one), so the baseline is a
-               good eager implementation, not a naive loop.
-  ratio        torch ms / mxmoe ms (> 1: mxmoe is faster)
+The peer: ``bash ../shared/peers/llamacpp/build.sh build/peers/llamacpp`` builds ggml (from the llama.cpp that
+llama-cpp-python 0.3.36 vendors: Release, native, OpenMP, weight repack on as llama.cpp runs by default) and
+``moe_bench``, the same layer as a ggml graph (its header lists the ops). With ``--peer llamacpp`` (the default
+when it is built) each round times mxmoe at every token count, then runs ``moe_bench`` once for all of them,
+with the same thread count, asking it for inputs whose routing touches the same number of distinct experts as
+mxmoe's did (``--experts T:n``), so both read the same weight bytes. The machine is shared and noisy, so the
+rounds alternate the two and the table reports the median over rounds of each round's median, the spread
+(min-max of the round medians), and the load average before and after.
+
+Columns:
   experts      distinct experts the routing selected (what both implementations must read)
-  weight MB    MXFP4 bytes of those experts (values + scales + biases): the bytes that must move
-  GB/s, %bw    weight MB / mxmoe time, and that as a share of this machine's copy bandwidth (measured
-               here with a numpy copy of a 512 MB buffer, counting bytes read + written)
-  bound ms     weight MB / bandwidth: the time to stream the weights once
-It also checks mxmoe's output against the torch baseline (relative max error).
+  weight MB    MXFP4 bytes of those experts (values + scales + biases)
+  llama.cpp ms moe_bench's median time (ggml_backend_graph_compute of the whole layer)
+  mxmoe ms     median time of a call of the compiled module from Python (torch tensor in and out: the
+               runtime call included)
+  ratio        llama.cpp ms / mxmoe ms, the median of the rounds' ratios (> 1: mxmoe is faster)
+  bound ms     weight MB / the machine's read bandwidth at this thread count (measured below): the time to
+               stream the weights once; x bound: mxmoe ms / bound ms
+  GFLOP/s      2 x (routed rows x (2I x H + H x I)) / mxmoe time: the expert GEMMs' arithmetic rate;
+               % peak: of the measured peak of the instruction the kernel's GEMM uses (vdpbf16ps on an
+               AVX512-BF16 host, vpmaddwd otherwise) at this thread count
+The peaks and the read bandwidth come from benchmarks/cpu_peak.c (built here with the host's C compiler).
+
+``--scaling``: the per-token cost of a smaller layer (``--scaling-config``, default E=32 k=4 H=I=512: the
+gpt-oss-20b layer's intermediates at 262144 tokens would not fit this machine's memory) at each token count:
+flat means a total cost linear in tokens. ``--timeline T``: where one call's time goes at T tokens, per
+dispatch (IREE's host-execution profile of the same module through iree-benchmark-module), and the Python
+call around it. ``--torch``: the previous eager torch baseline as a column (slow at 512 tokens).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-import mxmoe
-from mxmoe.core.config import PRESETS
-from mxmoe.torch_frontend.moe import MoE
-
+REPO = Path(__file__).resolve().parent.parent
+PEER_BIN = REPO / "build" / "peers" / "llamacpp" / "moe_bench"
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
-def measure_bandwidth(mb: int = 512, repeats: int = 5) -> float:
-    """Copy bandwidth in bytes/s (read + write) of a numpy copy; the best of ``repeats``."""
-    a = np.ones(mb * 2**20 // 8, dtype=np.float64)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * a.nbytes / best
+def loadavg() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+# ------------------------------------------------------------------------------------------ machine
+def machine_peaks(threads: int) -> dict[tuple[str, int], float]:
+    """{(name, threads): G/s} of benchmarks/cpu_peak.c, and ("read_bw", threads): GB/s."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "cpu_peak"
+        subprocess.run([cc, "-O2", "-march=native", "-pthread", str(REPO / "benchmarks" / "cpu_peak.c"), "-o", str(exe)],
+                       check=True)
+        out = subprocess.run([str(exe), str(threads)], capture_output=True, text=True, check=True).stdout
+    peaks = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if parts[0] == "peak":
+            peaks[(parts[1], int(parts[2]))] = float(parts[3])
+        elif parts[0] == "read_bw":
+            peaks[("read_bw", int(parts[1]))] = float(parts[2])
+    return peaks
+
+
+def set_threads(threads: int) -> None:
+    """IREE's local-task workers (before the first module loads) and torch's threads."""
+    import iree.runtime as rt
+
+    rt.flags.parse_flags(f"--task_topology_max_group_count={threads}")
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------ layers
 def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k with ties to the lower expert index: mxmoe's rule (bf16 logits tie often at 512 tokens)."""
     vals, ids = torch.sort(x, dim=-1, descending=True, stable=True)
@@ -58,7 +99,7 @@ def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 class TorchBaseline:
     """Eager MoE forward that dequantizes only the selected experts, then matmuls through oneDNN."""
 
-    def __init__(self, moe: MoE, dtype: torch.dtype):
+    def __init__(self, moe, dtype: torch.dtype):
         self.m, self.dtype = moe, dtype
         lut = torch.tensor(E2M1, dtype=dtype)
         # byte -> (low-nibble value, high-nibble value), packed in one integer: one index_select per byte
@@ -68,7 +109,6 @@ class TorchBaseline:
     def dequant(self, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         n, kh = w.shape
         vals = torch.index_select(self.pair_table, 0, w.reshape(-1).to(torch.int32)).view(self.dtype)
-        # 2^(s-127) as f32 bits (exact for bytes 1..254, which is all that quantizing finite weights gives)
         scale = (s.to(torch.int32) << 23).view(torch.float32).to(self.dtype)
         return vals.view(n, kh * 2 // 32, 32).mul_(scale[..., None]).view(n, kh * 2)
 
@@ -89,8 +129,7 @@ class TorchBaseline:
         for e in torch.unique(flat).tolist():
             slots = (flat == e).nonzero().squeeze(1)
             tok = slots // cfg.top_k
-            w13 = self.dequant(m.w13[e], m.w13_scale[e])
-            h = (xd[tok] @ w13.t()).float()
+            h = (xd[tok] @ self.dequant(m.w13[e], m.w13_scale[e]).t()).float()
             if m.w13_bias is not None:
                 h = h + m.w13_bias[e].float()
             h = h.to(x.dtype).float()
@@ -101,16 +140,15 @@ class TorchBaseline:
                 a = (up + 1) * gate * torch.sigmoid(cfg.swiglu_alpha * gate)
             else:
                 a = up * gate * torch.sigmoid(gate)
-            w2 = self.dequant(m.w2[e], m.w2_scale[e])
-            y = (a.to(x.dtype).to(self.dtype) @ w2.t()).float()
+            y = (a.to(x.dtype).to(self.dtype) @ self.dequant(m.w2[e], m.w2_scale[e]).t()).float()
             if m.w2_bias is not None:
                 y = y + m.w2_bias[e].float()
-            y = y.to(x.dtype).float()
-            out.index_add_(0, tok, y * weights.reshape(-1)[slots, None])
+            out.index_add_(0, tok, y.to(x.dtype).float() * weights.reshape(-1)[slots, None])
         return out.to(x.dtype)
 
 
-def median_time(fn, repeats: int, warm: int = 1) -> float:
+def timed(fn, repeats: int, warm: int = 2) -> float:
+    """Median seconds of ``repeats`` calls after ``warm``."""
     for _ in range(warm):
         fn()
     ts = []
@@ -121,58 +159,224 @@ def median_time(fn, repeats: int, warm: int = 1) -> float:
     return statistics.median(ts)
 
 
+def inputs(cfg, T: int) -> torch.Tensor:
+    return torch.randn(T, cfg.hidden, generator=torch.Generator().manual_seed(1000 + T)).to(torch.bfloat16)
+
+
+def distinct_experts(moe, x: torch.Tensor) -> int:
+    logits = torch.nn.functional.linear(x, moe.router_weight, moe.router_bias).float()
+    return len(torch.unique(_top_k(logits, moe.config.top_k)[1]))
+
+
+def run_peer(binary: Path, tokens: list[int], experts: dict[int, int], threads: int, repeats: int) -> dict[int, float]:
+    """moe_bench's median ms per token count (repack mode), each T's inputs chosen to touch experts[T]."""
+    cmd = [str(binary), "--tokens", ",".join(map(str, tokens)), "--threads", str(threads), "--repeats", str(repeats),
+           "--warm", "2", "--mode", "repack", "--experts", ",".join(f"{t}:{experts[t]}" for t in tokens)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    res = {}
+    for line in out.splitlines():
+        m = re.match(r"repack\s+(\d+)\s+(\d+)\s+[\d.]+\s+([\d.]+)", line)
+        if m:
+            T, n = int(m.group(1)), int(m.group(2))
+            if n != experts[T]:
+                print(f"  (llama.cpp at {T} tokens touched {n} experts, not {experts[T]})", file=sys.stderr)
+            res[T] = float(m.group(3))
+    return res
+
+
+def expert_flops(cfg, T: int) -> float:
+    return 2.0 * T * cfg.top_k * (2 * cfg.intermediate * cfg.hidden + cfg.hidden * cfg.intermediate)
+
+
+def spread(v: list[float]) -> str:
+    return f"{min(v):.2f}-{max(v):.2f}"
+
+
+# ------------------------------------------------------------------------------------------ timeline
+def timeline(cm, cfg, T: int, threads: int, repeats: int) -> None:
+    """Per-dispatch host-execution times of one call (iree-benchmark-module + iree-profile), grouped."""
+    from mxmoe.runtime.artifact import irpa_writer
+
+    tools = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory() as d:
+        vmfb, params = Path(d) / "m.vmfb", Path(d) / "w.irpa"
+        vmfb.write_bytes(cm.vmfb)
+        os.replace(irpa_writer(cm.parameters, d), params)
+        x = inputs(cfg, T)
+        x.view(torch.int16).numpy().tofile(Path(d) / "x.bin")
+        prof = Path(d) / "p.ireeprof"
+        base = [str(tools / "iree-benchmark-module"), f"--module={vmfb}", f"--parameters=model={params}",
+                "--device=local-task", "--function=main", f"--input={T}x{cfg.hidden}xbf16=@{Path(d) / 'x.bin'}",
+                f"--task_topology_max_group_count={threads}", f"--benchmark_min_time={repeats}x"]
+        subprocess.run(base + ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"],
+                       capture_output=True, text=True, check=True)
+        plain = subprocess.run(base + ["--benchmark_repetitions=5"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([str(tools / "iree-profile"), "dispatch", "--format=jsonl", "--dispatch_events", str(prof)],
+                             capture_output=True, text=True, check=True).stdout
+    events = [rec for rec in map(json.loads, out.splitlines()) if rec.get("type") == "host_dispatch_event"]
+    if not events:
+        print("  (no dispatch events in the profile)")
+        return
+    # one call = one submission; the median one by its span
+    calls: dict[int, list[dict]] = {}
+    for rec in events:
+        calls.setdefault(rec["submission_id"], []).append(rec)
+    spans = sorted((max(r["end_host_time_ns"] for r in c) - min(r["start_host_time_ns"] for r in c), sid)
+                   for sid, c in calls.items())
+    call = sorted(calls[spans[len(spans) // 2][1]], key=lambda r: r["start_host_time_ns"])
+    t0 = call[0]["start_host_time_ns"]
+    busy = 0
+    print(f"timeline at {T} tokens, {threads} threads: the median of {len(calls)} calls by span ({len(call)} "
+          f"dispatches, {spans[len(spans) // 2][0] / 1e3:.0f} us from the first dispatch's start to the last's end)")
+    print(f"  {'start us':>9} {'took us':>8}  {'what':16s}  dispatch")
+    for r in call:
+        dur = r["duration_ns"] / 1e3
+        busy += dur
+        print(f"  {(r['start_host_time_ns'] - t0) / 1e3:9.1f} {dur:8.1f}  {_kind(r['key'])}  {r['key']} "
+              f"(workgroups {'x'.join(map(str, r['workgroup_count']))})")
+    per: dict[str, list[float]] = {}
+    for c in calls.values():
+        for r in c:
+            per.setdefault(r["key"], []).append(r["duration_ns"] / 1e3)
+    print("  per dispatch over all calls, us: median [min-max]")
+    for key, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1]))[:6]:
+        print(f"    {statistics.median(v):8.1f} [{min(v):.1f}-{max(v):.1f}]  {_kind(key)}  {key}")
+    med = re.search(r"BM_main/process_time/real_time_median\s+([\d.]+) (ms|us)", plain)
+    if med:
+        v = float(med.group(1)) * (1 if med.group(2) == "ms" else 1e-3)
+        print(f"  iree-benchmark-module, whole call (no profiling): {v:.3f} ms median of 5; the dispatches add up "
+              f"to {busy / 1e3:.3f} ms")
+    x = inputs(cfg, T)
+    py = timed(lambda: cm(x), 21)
+    print(f"  from Python (cm(x): torch in, torch out): {py * 1e3:.3f} ms median of 21")
+
+
+def _kind(name: str) -> str:
+    """What a dispatch of the cpu module is, from its name (mxmoe's C executables end in _group, _quantize
+    and _ukernel; IREE names its own after the op: the router is the only matmul, the routing reductions)."""
+    if name.startswith("mxmoe_grouped_matmul"):
+        which = "w13" if "_glu_" in name else "w2" if "_combine_" in name else "matmul"
+        step = {"_group": "grouping", "_quantize": "activations", "_ukernel": "GEMM"}.get(name[name.rindex("_"):], "")
+        return f"{which + ' ' + step:16s}"
+    for key, what in (("matmul", "router"), ("reduction", "route top-k"), ("slow_memcpy", "route copies"),
+                      ("elementwise_Dx32", "route"), ("elementwise", "GLU / combine")):
+        if key in name:
+            return f"{what:16s}"
+    return f"{'other':16s}"
+
+
+# ------------------------------------------------------------------------------------------ main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", default="1,8,64,512")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--tokens", default="1,4,8,64,512")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternations of mxmoe and the peer")
+    p.add_argument("--repeats", type=int, default=9, help="timed calls per token count and round")
     p.add_argument("--preset", default="gpt-oss-20b")
-    p.add_argument("--baseline-dtype", choices=["auto", "bfloat16", "float32"], default="auto")
+    p.add_argument("--peer", default="auto", choices=["auto", "llamacpp", "none"])
+    p.add_argument("--peer-bin", default=str(PEER_BIN))
+    p.add_argument("--scaling", default="", help="token counts of the scaling row (e.g. 512,4096,32768,262144)")
+    p.add_argument("--scaling-config", default="32,4,512,512", help="E,k,H,I of the scaling row's layer")
+    p.add_argument("--timeline", default="", help="token counts to print a per-dispatch timeline for")
+    p.add_argument("--torch", action="store_true", help="also time the eager torch baseline")
+    p.add_argument("--no-peaks", action="store_true")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+
+    import mxmoe
+    from mxmoe.core.config import MoEConfig, PRESETS
+    from mxmoe.core.host import cpu_features
+    from mxmoe.kernels.cpu import matvec_object
+    from mxmoe.torch_frontend.moe import MoE
+
+    print(f"load avg before: {loadavg()}")
+    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout
+    uk = matvec_object()
+    print(f"cpu: {cpu.split(':', 1)[-1].strip()} x {os.cpu_count()}; features {' '.join(cpu_features() or [])}")
+    print(f"mxmoe microkernel: {uk.flavor or 'none (' + uk.reason + ')'}; threads {args.threads}")
+    peaks = {} if args.no_peaks else machine_peaks(args.threads)
+    if peaks:
+        print("machine peaks (benchmarks/cpu_peak.c), G op/s at 1 / %d threads:" % args.threads)
+        for name in dict.fromkeys(n for n, _ in peaks if n != "read_bw"):
+            print(f"  {name:18s} {peaks[(name, 1)]:7.1f} / {peaks.get((name, args.threads), float('nan')):7.1f}")
+        print(f"  read bandwidth     {peaks[('read_bw', 1)]:7.1f} / {peaks.get(('read_bw', args.threads), float('nan')):7.1f} GB/s")
+    gemm_instr = "vdpbf16ps-zmm" if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
+    peak = peaks.get((gemm_instr, args.threads))
+    bw = peaks.get(("read_bw", args.threads))
+
     cfg = PRESETS[args.preset]
     moe = MoE.random(cfg, seed=0)
-    load = os.getloadavg()
-    print(f"preset {args.preset}: E={cfg.num_experts} k={cfg.top_k} H={cfg.hidden} I={cfg.intermediate}; "
-          f"torch {torch.__version__} threads={torch.get_num_threads()}; load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout.strip()
-    print(f"cpu: {cpu.split(':', 1)[-1].strip()} x {os.cpu_count()}")
-    bw = measure_bandwidth()
-    print(f"measured copy bandwidth: {bw / 1e9:.1f} GB/s (read + write)")
     t0 = time.perf_counter()
     cm = mxmoe.compile(moe, target="cpu")
     print(f"compile: {time.perf_counter() - t0:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in cm.timings.items())})")
-
     per_expert = sum(getattr(moe, n)[0].numel() * getattr(moe, n).element_size()
                      for n in ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias") if getattr(moe, n) is not None)
-    dtypes = [torch.bfloat16, torch.float32] if args.baseline_dtype == "auto" else [getattr(torch, args.baseline_dtype)]
-    baselines = {d: TorchBaseline(moe, d) for d in dtypes}
-    g = torch.Generator().manual_seed(1)
-    header = (f"{'tokens':>6} {'experts':>7} {'weight MB':>9} {'mxmoe ms':>9} {'torch ms':>9} {'(dtype)':>8} {'ratio':>6} "
-              f"{'GB/s':>6} {'%bw':>5} {'bound ms':>8} {'rel err':>8}")
-    rows = []
-    for T in [int(t) for t in args.tokens.split(",")]:
-        x = torch.randn(T, cfg.hidden, generator=g).to(torch.bfloat16)
-        logits = torch.nn.functional.linear(x, moe.router_weight, moe.router_bias).float()
-        n_exp = len(torch.unique(_top_k(logits, cfg.top_k)[1]))
-        out = cm(x)
-        t_mx = median_time(lambda: cm(x), args.repeats)
-        best = None
-        for d, base in baselines.items():
-            ref = base(x)
-            t = median_time(lambda: base(x), max(3, args.repeats // 2 if T >= 512 else args.repeats))
-            if best is None or t < best[0]:
-                best = (t, d, ref)
-        t_torch, d_torch, ref = best
-        err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
-        nbytes = n_exp * per_expert
-        row = (f"{T:>6} {n_exp:>7} {nbytes / 1e6:>9.1f} {t_mx * 1e3:>9.2f} {t_torch * 1e3:>9.2f} "
-               f"{str(d_torch).replace('torch.', ''):>8} {t_torch / t_mx:>6.2f} {nbytes / t_mx / 1e9:>6.2f} "
-               f"{100 * nbytes / t_mx / bw:>5.1f} {nbytes / bw * 1e3:>8.2f} {err:>8.1e}")
-        rows.append(row)
-        print(row if len(rows) > 1 else header + "\n" + row, flush=True)
-    load = os.getloadavg()
-    print(f"load avg after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    xs = {T: inputs(cfg, T) for T in tokens}
+    experts = {T: distinct_experts(moe, xs[T]) for T in tokens}
+    peer = None
+    if args.peer in ("auto", "llamacpp") and Path(args.peer_bin).is_file() and args.preset == "gpt-oss-20b":
+        peer = Path(args.peer_bin)
+    elif args.peer == "llamacpp":
+        sys.exit(f"--peer llamacpp: {args.peer_bin} is not built (bash ../shared/peers/llamacpp/build.sh build/peers/llamacpp)")
+    baseline = {d: TorchBaseline(moe, d) for d in (torch.bfloat16, torch.float32)} if args.torch else {}
+
+    mx: dict[int, list[float]] = {T: [] for T in tokens}
+    pe: dict[int, list[float]] = {T: [] for T in tokens}
+    tb: dict[int, list[float]] = {T: [] for T in tokens}
+    for r in range(args.rounds):
+        for T in tokens:
+            mx[T].append(timed(lambda: cm(xs[T]), args.repeats if T < 512 else max(3, args.repeats // 2)) * 1e3)
+        if peer is not None:
+            for T, v in run_peer(peer, tokens, experts, args.threads, args.repeats).items():
+                pe[T].append(v)
+        for T in tokens:
+            if baseline:
+                tb[T].append(min(timed(lambda: b(xs[T]), 3, 1) for b in baseline.values()) * 1e3)
+        print(f"round {r + 1}/{args.rounds} done (load avg {loadavg()})", flush=True)
+
+    print(f"\n{args.preset} layer (E={cfg.num_experts} k={cfg.top_k} H={cfg.hidden} I={cfg.intermediate}), {args.threads} "
+          f"threads, medians over {args.rounds} rounds of {args.repeats} calls each [min-max of the round medians]")
+    head = (f"{'T':>5} {'experts':>7} {'MB':>6} | {'llama.cpp ms':>20} | {'mxmoe ms':>20} | {'ratio':>5} | "
+            f"{'bound ms':>8} {'x bound':>7} | {'GFLOP/s':>7} {'% peak':>6}" + (f" | {'torch ms':>9}" if baseline else "")
+            + " | rel err")
+    print(head)
+    for T in tokens:
+        mb = experts[T] * per_expert / 1e6
+        m = statistics.median(mx[T])
+        x = xs[T]
+        err = float((cm(x).float() - moe(x).float()).abs().max() / moe(x).float().abs().max())
+        if pe[T]:
+            ratio = statistics.median(a / b for a, b in zip(pe[T], mx[T]))
+            peer_s = f"{statistics.median(pe[T]):8.2f} [{spread(pe[T]):>10}]"
+            ratio_s = f"{ratio:5.2f}"
+        else:
+            peer_s, ratio_s = f"{'-':>20}", f"{'-':>5}"
+        bound = mb / 1e3 / bw * 1e3 if bw else float("nan")
+        gf = expert_flops(cfg, T) / (m / 1e3) / 1e9
+        print(f"{T:>5} {experts[T]:>7} {mb:6.1f} | {peer_s} | {m:8.2f} [{spread(mx[T]):>10}] | {ratio_s} | "
+              f"{bound:8.2f} {m / bound:7.2f} | {gf:7.1f} {100 * gf / peak if peak else float('nan'):6.1f}"
+              + (f" | {statistics.median(tb[T]):9.1f}" if baseline else "") + f" | {err:.1e}")
+
+    if args.scaling:
+        E, k, H, I = (int(v) for v in args.scaling_config.split(","))
+        scfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I)
+        smoe = MoE.random(scfg, seed=1)
+        scm = mxmoe.compile(smoe, target="cpu")
+        print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token")
+        row = []
+        for T in (int(t) for t in args.scaling.split(",")):
+            x = inputs(scfg, T)
+            t = timed(lambda: scm(x), 3 if T >= 32768 else 5, 1)
+            row.append(f"T={T}: {t * 1e3:.1f} ms, {t / T * 1e6:.2f} us/token")
+            print("  " + row[-1], flush=True)
+            del x
+
+    for T in (int(t) for t in args.timeline.split(",") if t):
+        print()
+        timeline(cm, cfg, T, args.threads, 50 if T < 64 else 5)
+    print(f"\nload avg after: {loadavg()}")
 
 
 if __name__ == "__main__":

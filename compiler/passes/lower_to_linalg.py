@@ -272,16 +272,17 @@ def _normalize(b: _Body, src: str, dims, T: str) -> str:
 # -------------------------------------------------------------------------------- grouped matmul
 def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_t: str, n: int, kk: int,
                  bias_t: str | None, T: str) -> str:
-    """Emit the f32 [T, k, N] result of the grouped matmul (+bias) into ``b``; returns its name."""
+    """Emit the f32 [T, k, N] result of the grouped matmul (+bias) into ``b``; returns its name. A slot whose
+    id is outside [0, E) reads expert 0's bytes (in bounds) and contributes zeros, bias included."""
     xel = str(xt.element_type)
     out_dims = [None, k, n]
     acc = _filled(b, out_dims, "f32", [T], "0.0")
     xmap = _map(4, "d0, d3") if xt.rank == 2 else _map(4, "d0, d1, d3")
-    # a slot whose id is -1 (not this layer's expert) reads expert 0's bytes and contributes 0
+    ne = int(w_t.split("<", 1)[1].split("x", 1)[0])
+    valid = [f"%ne = arith.constant {ne} : i32", "%ok = arith.cmpi ult, %id, %ne : i32", "%i0 = arith.constant 0 : i32",
+             "%idc = arith.select %ok, %id, %i0 : i32", "%e = arith.index_cast %idc : i32 to index"]
     body = [
-        "%n = linalg.index 2 : index", "%c = linalg.index 3 : index",
-        "%zi = arith.constant 0 : i32", "%valid = arith.cmpi sge, %id, %zi : i32",
-        "%idc = arith.select %valid, %id, %zi : i32", "%e = arith.index_cast %idc : i32 to index",
+        "%n = linalg.index 2 : index", "%c = linalg.index 3 : index", *valid,
         "%two = arith.constant 2 : index", "%k32 = arith.constant 32 : index",
         "%bi = arith.divui %c, %two : index", "%blk = arith.divui %c, %k32 : index",
         f"%byte = tensor.extract %w[%e, %n, %bi] : {w_t}",
@@ -291,8 +292,8 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
         "%hi = arith.shrui %byte, %sh : i8", "%m15 = arith.constant 15 : i8", "%code = arith.andi %hi, %m15 : i8",
         *_decode_lines("%code", "%sbyte", "%wv"),
         *_to_f32_lines("%xv", xel, "%xf"),
-        "%p0 = arith.mulf %xf, %wv : f32", "%fz = arith.constant 0.0 : f32",
-        "%p = arith.select %valid, %p0, %fz : f32", "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
+        "%p0 = arith.mulf %xf, %wv : f32", "%f0 = arith.constant 0.0 : f32", "%p = arith.select %ok, %p0, %f0 : f32",
+        "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
     ]
     mm = _generic(b, [(x, str(xt), xmap), ("%ids", _tt([None, k], "i32"), _map(4, "d0, d1"))],
                   [(acc, _tt(out_dims, "f32"), _map(4, "d0, d1, d2"))],
@@ -304,11 +305,9 @@ def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_
     id3 = _map(3, "d0, d1, d2")
     return _generic(b, [(mm, _tt(out_dims, "f32"), id3), ("%ids", _tt([None, k], "i32"), _map(3, "d0, d1"))],
                     [(_empty(b, out_dims, "f32", [T]), _tt(out_dims, "f32"), id3)], ["parallel"] * 3,
-                    ["%n = linalg.index 2 : index", "%zi = arith.constant 0 : i32",
-                     "%valid = arith.cmpi sge, %id, %zi : i32", "%idc = arith.select %valid, %id, %zi : i32",
-                     "%e = arith.index_cast %idc : i32 to index",
+                    ["%n = linalg.index 2 : index", *valid,
                      f"%bv = tensor.extract %bias[%e, %n] : {bias_t}", *_to_f32_lines("%bv", bel, "%bf0"),
-                     "%fz = arith.constant 0.0 : f32", "%bf = arith.select %valid, %bf0, %fz : f32",
+                     "%f0 = arith.constant 0.0 : f32", "%bf = arith.select %ok, %bf0, %f0 : f32",
                      "%r = arith.addf %a, %bf : f32", "linalg.yield %r : f32"],
                     [("%a", "f32"), ("%id", "i32"), ("%o", "f32")])
 

@@ -382,53 +382,101 @@ static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, 
     }                                                                                                  \
   } while (0)
 
+
+/* the f32 scales of blocks [b0, b0 + 16) of a row with nb blocks, exactly (0: 2^-127, 255: NaN; blocks at or
+ * past nb read as byte 0) */
+static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
+  const size_t n = nb - b0 < 16 ? nb - b0 : 16;
+  const __mmask16 m = n == 16 ? 0xFFFFu : (__mmask16)((1u << n) - 1u);
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, srow + b0));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512());
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255));
+  __m512i v = _mm512_mask_mov_epi32(_mm512_slli_epi32(b, 23), zero, _mm512_set1_epi32(0x00400000));
+  v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(v);
+}
+
 /* matvec: R (1..4) packed activation rows (stride xrow elements) against one weight row decoded in
- * registers; two accumulators per row (one per half of the pair) */
-#define BDOT_ROWS(R)                                                                                   \
-  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,    \
-                            size_t xrow, float *res) {                                                 \
-    __m512 a0[R], a1[R];                                                                               \
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();                                   \
-    FOR_EACH_PAIR(wrow, srow, nb, {                                                                    \
-      for (int r = 0; r < R; ++r) {                                                                    \
-        const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
-        a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-        a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32))); \
+ * registers.  The e2m1 values come from a constant table (vpermw's index is the byte's low 5 bits, and the
+ * table repeats every 16 entries, so the low nibble needs no mask), and the block scales are applied to
+ * each pair's two block sums in f32 (one fma per row and pair): fewer ops per pair than the GEMM's scaled
+ * table when few rows share the decode (R = 1: 2.0-2.4 vs 2.8-3.6 ns per pair, one thread, L1-resident
+ * weights, interleaved), and exact for every scale byte. */
+#define BDOT_ROWS(R)                                                                                  \
+  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,   \
+                             size_t xrow, float *res) {                                                \
+    const size_t np = row_pairs(nb);                                                                   \
+    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);                                   \
+    const __m512i idx0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);              \
+    __m512 acc[R];                                                                                     \
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                          \
+    for (size_t g = 0; g < np; g += 8) {                                                               \
+      const __m512 sv = scales16(srow, nb, 2 * g);                                                     \
+      const size_t ge = g + 8 < np ? g + 8 : np;                                                       \
+      __m512i idx = idx0;                                                                              \
+      for (size_t p = g; p < ge; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {             \
+        const __m256i raw = 2 * p + 1 == nb ? _mm256_maskz_loadu_epi8(0xFFFFu, wrow + 32 * p)          \
+                                            : _mm256_loadu_si256((const __m256i *)(wrow + 32 * p));    \
+        const __m512i v = _mm512_cvtepu8_epi16(raw);                                                   \
+        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                \
+        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);          \
+        const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                              \
+        for (int r = 0; r < R; ++r) {                                                                  \
+          const uint16_t *xp = x + r * xrow + 64 * p;                                                  \
+          __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
+          t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));          \
+          acc[r] = _mm512_fmadd_ps(t, sc, acc[r]);                                                     \
+        }                                                                                              \
       }                                                                                                \
-    });                                                                                                \
-    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));           \
+    }                                                                                                  \
+    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);                                 \
   }
 BDOT_ROWS(1)
 BDOT_ROWS(2)
 BDOT_ROWS(3)
-BDOT_ROWS(4)
 
-/* GEMM: the decoded weight rows (4 rows of np pairs x (lo, hi), one after the other) against RB packed
- * activation rows; res[o * RB + r] */
-#define BGEMM(RB)                                                                                      \
-  static void bgemm_4x##RB(const __m512i *w, size_t np, const uint16_t *x, size_t xrow, float *res) {  \
-    __m512 acc[4][RB];                                                                                 \
-    for (int o = 0; o < 4; ++o)                                                                        \
-      for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();                                    \
-    for (size_t q = 0; q < 2 * np; ++q) { /* q = 2 p + half */                                         \
-      const __m512i w0 = w[q], w1 = w[2 * np + q], w2 = w[4 * np + q], w3 = w[6 * np + q];             \
-      for (int r = 0; r < RB; ++r) {                                                                   \
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + r * xrow + 32 * q));       \
-        acc[0][r] = _mm512_dpbf16_ps(acc[0][r], (__m512bh)w0, xv);                                     \
-        acc[1][r] = _mm512_dpbf16_ps(acc[1][r], (__m512bh)w1, xv);                                     \
-        acc[2][r] = _mm512_dpbf16_ps(acc[2][r], (__m512bh)w2, xv);                                     \
-        acc[3][r] = _mm512_dpbf16_ps(acc[3][r], (__m512bh)w3, xv);                                     \
-      }                                                                                                \
-    }                                                                                                  \
-    for (int o = 0; o < 4; ++o)                                                                        \
-      for (int r = 0; r < RB; ++r) res[o * RB + r] = _mm512_reduce_add_ps(acc[o][r]);                  \
+
+/* lane i = the sum of the lanes of v[i]: a transposing tree of 15 unpack/shuffle + add pairs (a
+ * _mm512_reduce_add_ps each would take ~4x the ops) */
+static inline __m512 reduce16(const __m512 v[16]) {
+  __m512 x[8], z[4], u[2];
+  for (int i = 0; i < 8; ++i)
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
+    z[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-BGEMM(1)
-BGEMM(2)
-BGEMM(3)
-BGEMM(4)
-BGEMM(5)
-BGEMM(6)
+  for (int i = 0; i < 2; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+}
+
+/* GEMM block: 4 decoded weight rows (np pairs x (lo, hi) each, one after the other in w) x 4 packed
+ * activation rows (rows past `rb` repeat row 0 and are discarded); 16 accumulators of K-partial sums,
+ * reduced by one tree: res[o * 4 + r].  4 weight and 4 activation loads per 16 vdpbf16ps; against a 4 x 6
+ * block with a _mm512_reduce_add_ps per accumulator: 0.58-0.72 vs 0.58-0.60 ns per vdpbf16ps at K = 2880,
+ * 0.68-0.73 vs 0.77-0.78 at K = 512, 0.60-0.68 vs 0.66-0.67 at 8 rows (one thread, load avg ~7). */
+static void bgemm_4x4t(const __m512i *w, size_t np, const uint16_t *x, size_t xrow, size_t rb, float *res) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const uint16_t *x0 = x, *x1 = rb > 1 ? x + xrow : x, *x2 = rb > 2 ? x + 2 * xrow : x, *x3 = rb > 3 ? x + 3 * xrow : x;
+  for (size_t q = 0; q < 2 * np; ++q) { /* q = 2 p + half */
+    const __m512bh w0 = (__m512bh)w[q], w1 = (__m512bh)w[2 * np + q], w2 = (__m512bh)w[4 * np + q],
+                   w3 = (__m512bh)w[6 * np + q];
+    const __m512bh xv[4] = {(__m512bh)_mm512_loadu_si512((const void *)(x0 + 32 * q)),
+                            (__m512bh)_mm512_loadu_si512((const void *)(x1 + 32 * q)),
+                            (__m512bh)_mm512_loadu_si512((const void *)(x2 + 32 * q)),
+                            (__m512bh)_mm512_loadu_si512((const void *)(x3 + 32 * q))};
+    for (int r = 0; r < 4; ++r) {
+      acc[r] = _mm512_dpbf16_ps(acc[r], w0, xv[r]);
+      acc[4 + r] = _mm512_dpbf16_ps(acc[4 + r], w1, xv[r]);
+      acc[8 + r] = _mm512_dpbf16_ps(acc[8 + r], w2, xv[r]);
+      acc[12 + r] = _mm512_dpbf16_ps(acc[12 + r], w3, xv[r]);
+    }
+  }
+  _mm512_storeu_ps(res, reduce16(acc));
+}
 
 #endif /* MXMOE_BF16 */
 
@@ -494,12 +542,44 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 }
 
 #if MXMOE_BF16
-/* at most this many rows per item take the matvec (weights decoded in registers once per 4 rows); more
+/* at most this many rows per item take the matvec (weights decoded in registers once per row group); more
  * take the GEMM (4 weight rows decoded to a buffer once per item) */
 #define BF16_MATVEC_ROWS 3
 /* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
  * 128 KB); longer rows go in chunks, their partial sums added */
 #define BF16_GEMM_PAIRS 48
+/* the largest work item (rows) and output tile the GEMM's result buffer holds: 16 KB */
+#define MAX_ITEM_ROWS 64
+#define MAX_TILE_N 64
+
+/* The GEMM's results [rows][tile] (output o at tile position pos(o): o - n0, or with deinterleave the even
+ * outputs first, then the odd) go out row by row with the bias added, each row's outputs one or two
+ * contiguous runs: writing them one float at a time as each 4 x 4 block finished cost ~20% of the
+ * item at 4096 tokens of a small layer (scattered stores missing the cache). */
+static inline size_t tile_pos(const item_t *it, size_t o) {
+  const size_t d = o - it->n0, half = (it->n1 - it->n0) / 2;
+  return it->deinterleave ? d / 2 + (d % 2) * half : d;
+}
+
+static void write_tile(const item_t *it, float (*buf)[MAX_TILE_N]) {
+  const size_t m = it->n1 - it->n0;
+  float bias[MAX_TILE_N];
+  for (size_t o = it->n0; o < it->n1; ++o) bias[tile_pos(it, o)] = bias_value(it->bias, it->bias_kind, o);
+  /* output columns of the tile's first run, and of its second (deinterleave: the odd outputs) */
+  const size_t c0 = out_col(it->n0, it->n, it->deinterleave), c1 = out_col(it->n0 + 1, it->n, it->deinterleave);
+  const size_t run = it->deinterleave ? m / 2 : m;
+  for (size_t r = 0; r < it->rows; ++r) {
+    float *row = it->out + (size_t)it->slot[r] * it->n;
+    for (size_t i = 0; i < run; i += 16) {
+      const __mmask16 k = run - i >= 16 ? 0xFFFFu : (__mmask16)((1u << (run - i)) - 1u);
+      _mm512_mask_storeu_ps(row + c0 + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, buf[r] + i),
+                                                           _mm512_maskz_loadu_ps(k, bias + i)));
+      if (it->deinterleave)
+        _mm512_mask_storeu_ps(row + c1 + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, buf[r] + run + i),
+                                                             _mm512_maskz_loadu_ps(k, bias + run + i)));
+    }
+  }
+}
 
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
@@ -510,51 +590,45 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
       switch (rows) {
         case 1: bdot_rows_1(wrow, srow, nb, x0, xrow, res); break;
         case 2: bdot_rows_2(wrow, srow, nb, x0, xrow, res); break;
-        case 3: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
-        default: bdot_rows_4(wrow, srow, nb, x0, xrow, res); break;
+        default: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
       }
       for (size_t r = 0; r < rows; ++r) store(it, o, r, res[r]);
     }
     return;
   }
   __m512i wbuf[4 * 2 * BF16_GEMM_PAIRS];
-  float res[6 * 4];
-  /* row groups of at most 6, as equal as they can be */
-  const size_t groups = (rows + 5) / 6;
-  for (size_t o0 = it->n0; o0 < it->n1; o0 += 4) {
-    float acc[4][128]; /* rows <= chunk <= 128 (the lowering's) */
-    for (size_t r = 0; r < rows; ++r) acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = 0.0f;
-    for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
-      const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
-      const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc;
+  float buf[MAX_ITEM_ROWS][MAX_TILE_N];
+  for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
+    const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
+    const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc;
+    const uint16_t *xc = x0 + 64 * p0;
+    for (size_t o0 = it->n0; o0 < it->n1; o0 += 4) {
       for (size_t j = 0; j < 4; ++j) { /* a partial last quad repeats its last row */
         const size_t o = o0 + j < it->n1 ? o0 + j : it->n1 - 1;
         __m512i *dst = wbuf + j * 2 * npc;
+        /* the next quad's row: its bytes are fetched while this quad's dot products run (the decode
+         * otherwise waits for DRAM at every quad) */
+        const char *next = (const char *)(it->w + (o + 4 < it->n1 ? o + 4 : o) * kh + 16 * b0);
         FOR_EACH_PAIR(it->w + o * kh + 16 * b0, it->s + o * nb + b0, nbc, {
+          if (!(p & 1)) _mm_prefetch(next + 32 * p, _MM_HINT_T0);
           dst[2 * p] = lo;
           dst[2 * p + 1] = hi;
         });
       }
-      const uint16_t *xc = x0 + 64 * p0;
-      for (size_t g = 0, r0 = 0; g < groups; ++g) {
-        const size_t rb = rows / groups + (g < rows % groups);
-        const uint16_t *xg = xc + r0 * xrow;
-        switch (rb) {
-          case 1: bgemm_4x1(wbuf, npc, xg, xrow, res); break;
-          case 2: bgemm_4x2(wbuf, npc, xg, xrow, res); break;
-          case 3: bgemm_4x3(wbuf, npc, xg, xrow, res); break;
-          case 4: bgemm_4x4(wbuf, npc, xg, xrow, res); break;
-          case 5: bgemm_4x5(wbuf, npc, xg, xrow, res); break;
-          default: bgemm_4x6(wbuf, npc, xg, xrow, res); break;
+      size_t pos[4];
+      for (size_t j = 0; j < 4; ++j) pos[j] = o0 + j < it->n1 ? tile_pos(it, o0 + j) : MAX_TILE_N;
+      for (size_t r0 = 0; r0 < rows; r0 += 4) {
+        const size_t rb = rows - r0 < 4 ? rows - r0 : 4;
+        float res[16];
+        bgemm_4x4t(wbuf, npc, xc + r0 * xrow, xrow, rb, res);
+        for (size_t j = 0; j < 4; ++j) {
+          if (pos[j] == MAX_TILE_N) continue;
+          for (size_t r = 0; r < rb; ++r) buf[r0 + r][pos[j]] = (p0 ? buf[r0 + r][pos[j]] : 0.0f) + res[j * 4 + r];
         }
-        for (size_t j = 0; j < 4; ++j)
-          for (size_t r = 0; r < rb; ++r) acc[j][r0 + r] += res[j * rb + r];
-        r0 += rb;
       }
     }
-    for (size_t j = 0; j < 4 && o0 + j < it->n1; ++j)
-      for (size_t r = 0; r < rows; ++r) store(it, o0 + j, r, acc[j][r]);
   }
+  write_tile(it, buf);
 }
 #endif
 

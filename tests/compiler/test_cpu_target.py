@@ -319,7 +319,7 @@ def test_every_code_and_extreme_scales_through_the_matvec(path, request):
 
 
 # ------------------------------------------------------------- slots with no expert (expert parallelism)
-def _grouped_module(op: str, T_k: int, E: int, N: int, K: int, bias: bool) -> str:
+def _grouped_module(op: str, T_k: int, E: int, N: int, K: int, bias: bool, layout: str = "cpu-mxfp4-blocksplit") -> str:
     """A module whose @main runs one hand-written grouped-matmul op of the blocksplit layout on its
     arguments (x, ids, w, s[, bias][, routing weights])."""
     glu = 'activation = "swiglu_oai", alpha = 1.702 : f32, interleaved = true, limit = 7.0 : f32, '
@@ -333,7 +333,7 @@ def _grouped_module(op: str, T_k: int, E: int, N: int, K: int, bias: bool) -> st
     rt = {"grouped_matmul": f"tensor<?x{T_k}x{N}xbf16>", "grouped_matmul_glu": f"tensor<?x{T_k}x{N // 2}xbf16>",
           "grouped_matmul_combine": f"tensor<?x{N}xbf16>"}[op]
     types = ", ".join(a.split(": ", 1)[1] for a in args)
-    attrs = (glu if op == "grouped_matmul_glu" else "") + f'has_bias = {"true" if bias else "false"}, mxmoe.layout = "cpu-mxfp4-blocksplit"'
+    attrs = (glu if op == "grouped_matmul_glu" else "") + f'has_bias = {"true" if bias else "false"}, mxmoe.layout = "{layout}"'
     return (f"func.func @main({', '.join(args)}) -> {rt} {{\n"
             f'  %y = "mxmoe.{op}"({", ".join(operands)}) {{{attrs}}} : ({types}) -> {rt}\n'
             f"  return %y : {rt}\n}}\n")
@@ -375,19 +375,20 @@ def _slots_reference(op, x, ids, w, s, b, rw):
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 
-@pytest.mark.parametrize("path", ["microkernel", "linalg"])
+@pytest.mark.parametrize("path", ["microkernel", "linalg", "rowmajor"])
 @pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_glu", "grouped_matmul_combine"])
 def test_slots_with_no_expert_contribute_nothing(path, op, request):
     """The dialect's rule for expert parallelism: a slot whose expert id is outside [0, E) (-1: "not on this
     rank") gets a matmul output row of zeros, no bias, and costs no work; the combine adds nothing for it.
-    Hand-written ops through mxmoe-lower-to-linalg and iree-compile, both the C microkernel and the linalg
-    schedule, against a numpy reference that zeros those rows: an odd block count (K = 96), tokens with
-    every slot off this rank, ids -1, E and larger, one token, and a call where no slot has an expert."""
+    Hand-written ops through mxmoe-lower-to-linalg and iree-compile, the C microkernel, the linalg schedule
+    and the row-major form (the ROCm targets' lowering, compiled here for the CPU), against a numpy
+    reference that zeros those rows: an odd block count (K = 96), tokens with every slot off this rank, ids
+    -1, E and larger, one token, and a call where no slot has an expert."""
     from mxmoe.core import mxfp4
     from mxmoe.core.swizzle import blocksplit_swizzle
     from mxmoe.runtime.iree_executor import IreeExecutor
 
-    if path == "linalg":
+    if path in ("linalg", "rowmajor"):
         request.getfixturevalue("linalg_matvec")
         obj = None
     else:
@@ -398,7 +399,8 @@ def test_slots_with_no_expert_contribute_nothing(path, op, request):
     rng = np.random.default_rng(0)
     w, s = mxfp4.random_mxfp4(rng, (E, N, K), std=0.1)
     b = (0.5 * rng.standard_normal((E, N))).astype(ml_dtypes.bfloat16)
-    fn = IreeExecutor(_compile_lowered(_grouped_module(op, k, E, N, K, True), obj), {})
+    layout = "mxfp4-rowmajor" if path == "rowmajor" else "cpu-mxfp4-blocksplit"
+    fn = IreeExecutor(_compile_lowered(_grouped_module(op, k, E, N, K, True, layout), obj), {})
     for T, frac in ((1, 0.5), (7, 0.4), (33, 0.6), (4, 1.0), (9, 0.0)):
         ids = rng.integers(0, E, (T, k)).astype(np.int32)
         off = rng.random((T, k)) < frac
@@ -408,7 +410,7 @@ def test_slots_with_no_expert_contribute_nothing(path, op, request):
         xshape = (T, k, K) if op == "grouped_matmul_combine" else (T, K)
         x = rng.standard_normal(xshape).astype(ml_dtypes.bfloat16)
         rw = rng.random((T, k)).astype(np.float32)
-        args = [x, ids, blocksplit_swizzle(w).view(np.int8), s.view(np.int8), b]
+        args = [x, ids, (w if path == "rowmajor" else blocksplit_swizzle(w)).view(np.int8), s.view(np.int8), b]
         if op == "grouped_matmul_combine":
             args.append(rw)
         (out,) = fn(*args)

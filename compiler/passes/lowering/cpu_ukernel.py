@@ -35,7 +35,7 @@ QUANTIZE_ROWS = 4
 QUANTIZE_GROUPS = 256
 #: at most this many rows of one expert per work item (mxmoe_group_slots cuts each expert's rows into items
 #: of equal size): many tokens on one expert spread over the workers, and an item's rows stay in cache
-#: while each output reads them (the kernel allows up to 128)
+#: while each output reads them (the kernel holds up to 64: MAX_ITEM_ROWS)
 ROW_CHUNK = 64
 #: activation types the int16 rounding is invisible for (2^-15 of a block's largest, below their resolution)
 ACTIVATION_TYPES = ("bf16", "f16")
