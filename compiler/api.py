@@ -138,17 +138,21 @@ class CompiledModule:
 
 def compile_program(program, target: str | Target = "cpu", *,
                     extra_flags: Sequence[str] | None = None, interpret: bool = False, model: dict | None = None,
-                    timings: dict[str, float] | None = None) -> CompiledModule:
+                    timings: dict[str, float] | None = None, deterministic: bool = False,
+                    batch_invariant: bool = False) -> CompiledModule:
     """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``; or several, as
     ``{entry name: ExportedProgram}``, into one module whose entries share one set of weights (the first is the
     default).
 
     ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
-    under Triton's interpreter on CPU tensors. ``model`` describes the layer for reference checks (see
+    under Triton's interpreter on CPU tensors. ``deterministic=True``: the same input gives the same output bits
+    on every call; ``batch_invariant=True`` (implies it): a token's output bits do not depend on the other tokens of
+    its batch (docs/routing.md; what each target does for them, and what it records, is the target's). ``model`` describes the layer for reference checks (see
     ``mxmoe.core.weights.moe_model_info``). ``mxmoe.compile`` (which also takes an ``nn.Module``) calls this.
     """
     tgt = get_target(target)
     tgt.check_options(extra_flags=list(extra_flags or []), interpret=interpret)
+    numerics = tgt.numerics_options(deterministic=bool(deterministic), batch_invariant=bool(batch_invariant))
     programs = program if isinstance(program, dict) else {"main": program}
     for name, ep in programs.items():
         if not isinstance(ep, torch.export.ExportedProgram):
@@ -171,6 +175,6 @@ def compile_program(program, target: str | Target = "cpu", *,
     timings["passes_s"] = time.perf_counter() - t0
 
     code = tgt.compile(imported.module, parameters, extra_flags=list(extra_flags or []), interpret=interpret,
-                       timings=timings, default_entry=entries[0].name)
+                       timings=timings, default_entry=entries[0].name, **numerics)
     specs = [TensorSpec(name, dtype_name(a.dtype), tuple(a.shape)) for name, a in parameters.items()]
     return CompiledModule(tgt, entries, code, parameters, mlir, specs, timings, stored_forms=forms, model=model)

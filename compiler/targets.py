@@ -56,8 +56,21 @@ class Target:
     def check_entries(self, names: Sequence[str]) -> None:
         """Refuse entry points this target cannot compile, before any work is done."""
 
+    def numerics_options(self, *, deterministic: bool, batch_invariant: bool) -> dict[str, bool]:
+        """The ``deterministic`` / ``batch_invariant`` compile options (docs/routing.md) as :meth:`compile` takes
+        them; a target that cannot promise one refuses it here, before any work is done."""
+        if deterministic or batch_invariant:
+            raise ValueError(f"target {self.name} does not offer deterministic or batch-invariant compiles "
+                             "(compile-only here: never measured)")
+        return {}
+
+    @staticmethod
+    def numerics_record(deterministic: bool, batch_invariant: bool) -> dict[str, Any]:
+        """The manifest's ``target.numerics``: what the compiled module promises."""
+        return {"numerics": {"deterministic": bool(deterministic), "batch_invariant": bool(batch_invariant)}}
+
     def compile(self, module, parameters: Mapping[str, np.ndarray], *, extra_flags: Sequence[str] = (),
-                interpret: bool = False, timings: dict[str, float], default_entry: str = "main"):
+                interpret: bool = False, timings: dict[str, float], default_entry: str = "main", **numerics):
         """The code of ``module`` (after :meth:`passes`): an ``IreeCode`` or a ``TritonCode``."""
         raise NotImplementedError
 
@@ -95,7 +108,8 @@ class IreeTarget(Target):
         if interpret:
             raise ValueError(f"interpret=True applies to cuda targets only, not {self.name}")
 
-    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main"):
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main",
+                **numerics):
         import time
 
         from mxmoe.compiler import iree_backend
@@ -131,12 +145,19 @@ class CpuTarget(IreeTarget):
                        "instead, which measured 3-4x slower (docs/cpu.md)")
         return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
 
+    def numerics_options(self, *, deterministic: bool, batch_invariant: bool) -> dict[str, bool]:
+        # Always deterministic (no atomics); batch invariant where the C microkernel computes each row alone
+        # (bf16/f16 layers; the routing is batch invariant for every layer): docs/routing.md. Accepted, recorded.
+        return {}
+
     def record(self, code, mlir: str = "") -> dict[str, Any]:
         from mxmoe.core.host import cpu_features
         from mxmoe.kernels.cpu import MATVEC_SYMBOL
 
         # the C microkernel is linked into the module, whose MLIR calls it by this symbol
-        return {**super().record(code, mlir), "cpu_features": cpu_features(), "cpu_microkernel": MATVEC_SYMBOL in mlir}
+        microkernel = MATVEC_SYMBOL in mlir
+        return {**super().record(code, mlir), "cpu_features": cpu_features(), "cpu_microkernel": microkernel,
+                **self.numerics_record(True, microkernel)}
 
     @property
     def runnable_here(self) -> bool:
@@ -200,12 +221,23 @@ class CudaTarget(Target):
             elif "activation" in op.attributes and v.attr("activation") not in self.KERNEL_ACTIVATIONS:
                 refuse(f"activation '{v.attr('activation')}'")
 
-    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main"):
+    def numerics_options(self, *, deterministic: bool, batch_invariant: bool) -> dict[str, bool]:
+        # the plan's options (mxmoe.kernels.triton.kernel_plan.PlanOptions); batch_invariant implies deterministic
+        return {"deterministic": deterministic or batch_invariant, "batch_invariant": batch_invariant}
+
+    def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main",
+                deterministic: bool = False, batch_invariant: bool = False):
         from mxmoe.compiler.triton_backend import compile_triton
 
         self.check_module(module)
-        plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings)
+        plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings,
+                                        deterministic=deterministic, batch_invariant=batch_invariant)
         return TritonCode(plan, binaries, interpret=interpret)
+
+    def record(self, code, mlir: str = "") -> dict[str, Any]:
+        options = (getattr(code, "plan", None) or {}).get("options") or {}
+        return {**super().record(code, mlir),
+                **self.numerics_record(options.get("deterministic", False), options.get("batch_invariant", False))}
 
 
 @functools.cache

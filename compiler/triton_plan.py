@@ -226,7 +226,8 @@ def match_layer(module_op: ir.Operation) -> LayerSpec:
         w2_bias=weight(comb.operands[4], "w2_bias") if has_b2 else None)
 
 
-def plan_triton(module: ir.Module, target: Target) -> KernelPlan:
+def plan_triton(module: ir.Module, target: Target, *, deterministic: bool = False,
+                batch_invariant: bool = False) -> KernelPlan:
     """Kernel plan for ``module`` (already through ``mxmoe_pipeline``) on Triton target ``target``."""
     if target.backend != "triton":
         raise ValueError(f"{target.name} is not a Triton target")
@@ -235,4 +236,5 @@ def plan_triton(module: ir.Module, target: Target) -> KernelPlan:
             layer = match_layer(module.operation)
         except VerifyError as e:
             raise TritonPlanError(str(e)) from None
-    return plan_layer(layer, int(target.arch.removeprefix("sm_")), target.name)
+    return plan_layer(layer, int(target.arch.removeprefix("sm_")), target.name, deterministic=deterministic,
+                      batch_invariant=batch_invariant)

@@ -241,6 +241,16 @@ def _first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
+def _numerics_flags(args) -> dict:
+    """``--deterministic`` / ``--batch-invariant`` as ``mxmoe.compile`` options (only those given)."""
+    flags = {}
+    if args.deterministic:
+        flags["deterministic"] = True
+    if args.batch_invariant:
+        flags["batch_invariant"] = True
+    return flags
+
+
 def cmd_compile(args) -> int:
     from mxmoe.compiler.targets import get_target
 
@@ -267,7 +277,8 @@ def cmd_compile(args) -> int:
     with _Step(f"compiling for {target.name} (capture, import, passes, "
                f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
         try:
-            compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries)
+            compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries,
+                                     **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             if entries is None:
                 raise
@@ -546,6 +557,10 @@ def cmd_inspect(args) -> int:
     if "cpu_microkernel" in t:
         line += "; with the C matvec microkernel" if t["cpu_microkernel"] else "; linalg matvec (no C microkernel)"
     print(line)
+    numerics = t.get("numerics")
+    if numerics is not None:
+        print(f"  numerics    deterministic {'yes' if numerics.get('deterministic') else 'no'}, batch invariant "
+              f"{'yes' if numerics.get('batch_invariant') else 'no'} (routing: batch invariant always)")
     model = m.get("model")
     if model and model.get("kind") == "moe":
         c = model["config"]
@@ -620,6 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "runtime reads them from the checkpoint at load time")
     c.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16",
                    help="activation dtype of --preset/checkpoint layers (default bfloat16)")
+    c.add_argument("--deterministic", action="store_true",
+                   help="the same input gives the same output bits on every call (cuda: no fp32 atomics that add "
+                        "more than twice into an output; cpu: always so)")
+    c.add_argument("--batch-invariant", action="store_true",
+                   help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
+                        "alike; implies --deterministic); docs/routing.md")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 

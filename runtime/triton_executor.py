@@ -350,4 +350,7 @@ class TritonExecutor:
         stages = compile_stages(entry.kernel, entry.constexprs, entry.num_stages, triton.__version__)
         if self.mode == "jit":
             ensure_allocator()
-        fn[step.grid](*args, **entry.constexprs, num_warps=entry.num_warps, num_stages=stages)
+        # by name: kernels may take run-time arguments after their constants (added with defaults, so that
+        # plans written before them still run)
+        fn[step.grid](**{a.name: v for a, v in zip(entry.args, args)}, **entry.constexprs,
+                      num_warps=entry.num_warps, num_stages=stages)

@@ -22,11 +22,14 @@ The values are always K-contiguous rows (``K_CONTIGUOUS`` must be True: plans of
 constant; an N-contiguous layout was measured, not faster, and needed ``num_stages=1`` on Hopper with
 Triton 3.6, so it is gone).
 
-Combine determinism: adds into one output element come from a token's k slots in whatever order
-their CTAs finish. Starting from 0, fp32 ``0 + a + b == 0 + b + a`` exactly, so top_k <= 2 is
-bitwise deterministic; for top_k >= 3 results may differ run to run in the last fp32 bit (well
-below the final bf16 rounding, which it can still flip rarely). The alternative, writing [T, k, H]
-and reducing, costs a full extra [T, k, H] write and read.
+Combine determinism: with atomics, adds into one output element come from a token's k slots (and SPLIT_K
+partial sums) in whatever order their CTAs finish. Starting from 0, fp32 ``0 + a + b == 0 + b + a`` exactly, so
+two adds per element are bitwise deterministic; more may differ run to run in the last fp32 bit (well below the
+final bf16 rounding, which it can still flip). ``SLOT_ROWS`` (plans compiled with ``deterministic=True``, for the
+classes where atomics would add more than twice) writes each (token, slot)'s expert output as a row instead
+(rounded to the activation dtype like the reference's ``[T, k, H]``; fp32 partial rows when K is split), and
+:func:`combine_slots_kernel` (or, in the gemv class, the combine's last program per column tile) adds a token's
+rows in slot order: the same bits on every run, at the cost of a [T*k, H] write and read.
 """
 
 import os
@@ -351,21 +354,60 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
 
 @triton.jit
-def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr):
+def _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, HIDDEN: tl.constexpr,
+                  TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_ROWS: tl.constexpr, UNIT_WEIGHTS: tl.constexpr):
+    """out[t, cols] = sum over slots j in order of weight[t, j] * y[t, j] (fp32, one fma per slot from 0), rounded to
+    the output dtype. y[t, j] is row t*k + j of ``rows_ptr`` ([SPLIT_K, T*k, HIDDEN]: the SPLIT_K partial rows
+    added in order, then rounded to bf16 with ROUND_ROWS, as the reference rounds each expert's output); a slot
+    whose expert id is negative (not this layer's) adds nothing; UNIT_WEIGHTS: weight 1 (router weight on input).
+    Rows may come from other programs of the same launch: read through L2."""
+    t_mask = t < num_tokens
+    c_mask = cols < HIDDEN
+    num_pairs = num_tokens.to(tl.int64) * TOP_K
+    acc = tl.zeros([t.shape[0], cols.shape[0]], tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = t.to(tl.int64) * TOP_K + j
+        valid = t_mask & (tl.load(ids_ptr + pair, mask=t_mask, other=-1) >= 0)
+        mask = valid[:, None] & c_mask[None, :]
+        y = tl.zeros([t.shape[0], cols.shape[0]], tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            y += tl.load(rows_ptr + (s * num_pairs + pair)[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+        if ROUND_ROWS:
+            y = y.to(tl.bfloat16).to(tl.float32)
+        if UNIT_WEIGHTS:
+            w = tl.where(valid, 1.0, 0.0)
+        else:
+            w = tl.load(weights_ptr + pair, mask=valid, other=0.0)
+        acc = tl.fma(w[:, None], y, acc)
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=t_mask[:, None] & c_mask[None, :])
+
+
+@triton.jit
+def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SLOT_ROWS: tl.constexpr = False, rows_ptr=None, weights_ptr=None, ids_ptr=None,
+                  TOP_K: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1, ROUND_ROWS: tl.constexpr = False,
+                  UNIT_WEIGHTS: tl.constexpr = False):
     """The last program (of the row blocks and K splits) to finish column tile ``pid_n`` writes its
-    [T, BLOCK_N] sums to ``cast_ptr`` in the output dtype. Programs count themselves in an int32 per column
-    tile kept in row T of ``out_ptr`` (zeroed with the accumulator); the count is an acquire-release atomic
-    after a barrier, so the last program reads every other program's atomics (from L2)."""
+    [T, BLOCK_N] sums to ``cast_ptr`` in the output dtype (SLOT_ROWS: adds up the tile's slot rows,
+    :func:`_reduce_slots`). Programs count themselves in an int32 per column tile kept in row T of ``out_ptr``
+    (zeroed with the accumulator); the count is an acquire-release atomic after a barrier, so the last program
+    reads every other program's atomics or rows (from L2)."""
     tl.debug_barrier()
     counter = (out_ptr + num_tokens.to(tl.int64) * HIDDEN).to(tl.pointer_type(tl.int32), bitcast=True) + pid_n
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * tl.num_programs(2) - 1:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         for t0 in range(0, num_tokens, 16):
             t = t0 + tl.arange(0, 16)
-            offs = t.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
-            mask = (t[:, None] < num_tokens) & (cols[None, :] < HIDDEN)
-            v = tl.load(out_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
+            if SLOT_ROWS:
+                _reduce_slots(rows_ptr, weights_ptr, ids_ptr, cast_ptr, t, cols, num_tokens, HIDDEN, TOP_K, SPLIT_K,
+                              ROUND_ROWS, UNIT_WEIGHTS)
+            else:
+                offs = t.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
+                mask = (t[:, None] < num_tokens) & (cols[None, :] < HIDDEN)
+                v = tl.load(out_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])  # as AOT compiles it (a JIT run at 1 token made it a constant)
@@ -377,7 +419,9 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
                         W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False,
-                        FUSED_CAST: tl.constexpr = False, W_TILES: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
+                        FUSED_CAST: tl.constexpr = False, W_TILES: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
+                        SLOT_ROWS: tl.constexpr = False, ROUND_ROWS: tl.constexpr = False,
+                        UNIT_WEIGHTS: tl.constexpr = False, rows_ptr=None, ids_ptr=None):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
@@ -387,6 +431,10 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     the finished [T, BLOCK_N] tile to ``cast_ptr`` in its dtype, so no separate cast launch follows.
     SPLIT_K (Hopper path): grid axis 2 splits I into that many ranges of whole BLOCK_K steps, each program
     adding its partial sums (the bias with the first); at one token the w2 GEMM has few programs per SM.
+    SLOT_ROWS (deterministic plans): no atomics; program (b, n, s) writes its rows' unweighted sums (bias with
+    split 0) to ``rows_ptr`` [SPLIT_K, T*k, H] at their pair's row, and FUSED_CAST's last program adds them up in
+    slot order (:func:`_reduce_slots`; ``ids_ptr``: the expert ids, negative ones skipped). UNIT_WEIGHTS: every
+    routing weight is 1 (the router weight was applied to the input).
     """
     tl.static_assert(SPLIT_K == 1 or W_HOPPER, "split-K is built for the Hopper path only")
     tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
@@ -394,7 +442,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
         if FUSED_CAST:  # an empty row block still counts towards its column tile
-            _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N)
+            _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
+                          routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS)
         return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < HIDDEN
@@ -430,12 +479,19 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
         acc += tl.where(tl.program_id(2) == 0, bias, 0.0)[None, :]  # once, with the first K range
 
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
-    acc *= tl.load(routing_weights_ptr + pairs, mask=row_mask, other=0.0)[:, None]
-    tokens = pairs // TOP_K
-    tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
-                  mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
+    if SLOT_ROWS:
+        split_rows = tl.program_id(2).to(tl.int64) * num_tokens * TOP_K + pairs.to(tl.int64)
+        tl.store(rows_ptr + split_rows[:, None] * HIDDEN + cols[None, :], acc.to(rows_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])
+    else:
+        if not UNIT_WEIGHTS:
+            acc *= tl.load(routing_weights_ptr + pairs, mask=row_mask, other=0.0)[:, None]
+        tokens = pairs // TOP_K
+        tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
+                      mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
     if FUSED_CAST:
-        _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N)
+        _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
+                      routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS)
 
 
 @triton.jit
@@ -444,3 +500,16 @@ def cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def combine_slots_kernel(rows_ptr, weights_ptr, ids_ptr, out_ptr, num_tokens,
+                         HIDDEN: tl.constexpr, TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_ROWS: tl.constexpr,
+                         UNIT_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The deterministic combine: out[t] = sum over slots j in order of weight[t, j] * y[t, j] from the slot rows
+    ``combine_gemm_kernel`` wrote with SLOT_ROWS (:func:`_reduce_slots`), BLOCK_T tokens x BLOCK_H columns a
+    program."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, HIDDEN, TOP_K, SPLIT_K, ROUND_ROWS,
+                  UNIT_WEIGHTS)

@@ -8,39 +8,63 @@ from ._grouping_kernel import block_pair_counts, group_pairs, scatter_by_block_c
 
 
 @triton.jit
-def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr,
+def round_to_bf16(x):
+    """fp32 ``x`` rounded to the nearest bf16 (ties to even), as fp32: the contract's one rounding of the router
+    logits (docs/routing.md), written in integer ops so that the GPU and Triton's interpreter (whose own fp32 ->
+    bf16 conversion truncates) round alike. Infinities stay, overflow goes to infinity, NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, rounded)
+
+
+@triton.jit
+def _tree_sum(v, ROWS: tl.constexpr, N: tl.constexpr):
+    """Row sums of fp32 ``v`` [ROWS, N] (N a power of two) by a fixed pairwise tree over adjacent columns: the same
+    bits whatever layout Triton gives ``v`` (a ``tl.sum`` adds in the order of its layout, which differs between
+    kernels and tile shapes)."""
+    for _ in tl.static_range(N.bit_length() - 1):
+        a, b = tl.split(tl.reshape(v, [ROWS, v.shape[1] // 2, 2]))
+        v = a + b
+    return tl.reshape(v, [ROWS])
+
+
+@triton.jit
+def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
                       TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr, SLOTS_POW2: tl.constexpr,
-                      BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr):
+                      BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr = False):
     """k rounds of argmax-and-mask over fp32 ``logits`` [BLOCK_T, EXPERTS_POW2] (padding at -inf),
-    then one softmax; stores weights [T, k] fp32 and ids [T, k] int32 for the rows in ``token_mask``.
+    then one softmax; stores weights [T, k] fp32 and ids [T, k] int32 for the rows in ``token_mask``
+    (HAS_MAP: the ids through ``map_ptr``, the expert map: a global id's local one, or -1).
 
     SOFTMAX_OVER_ALL divides by the sum over all experts ("softmax_topk" without renormalisation);
     otherwise by the sum over the k chosen, which is both "topk_softmax" and renormalised
     "softmax_topk" (softmax is monotonic, so selecting on logits selects on probabilities too).
-    Ties go to the lower expert id, as in the reference op.
+    Ties go to the lower expert id, as in the reference op. Every sum has a fixed order (the k chosen in slot
+    order, all experts by :func:`_tree_sum`), so a token's weights are the same bits in every kernel and tile
+    that routes it (docs/routing.md).
     """
     experts = tl.arange(0, EXPERTS_POW2)
     slots = tl.arange(0, SLOTS_POW2)
-    chosen_logit = tl.full([BLOCK_T, SLOTS_POW2], -float("inf"), tl.float32)
+    chosen_num = tl.zeros([BLOCK_T, SLOTS_POW2], tl.float32)
     chosen_id = tl.zeros([BLOCK_T, SLOTS_POW2], tl.int32)
     remaining = logits
+    top = tl.max(logits, axis=1)  # slot 0's logit (a max is exact in any order)
+    denom = tl.zeros([BLOCK_T], tl.float32)
     for j in tl.static_range(TOP_K):
         best = tl.argmax(remaining, axis=1, tie_break_left=True).to(tl.int32)
-        best_logit = tl.max(remaining, axis=1)
-        chosen_logit = tl.where(slots[None, :] == j, best_logit[:, None], chosen_logit)
+        num = tl.exp(tl.max(remaining, axis=1) - top)
+        denom += num  # the k chosen, in slot order
+        chosen_num = tl.where(slots[None, :] == j, num[:, None], chosen_num)
         chosen_id = tl.where(slots[None, :] == j, best[:, None], chosen_id)
         remaining = tl.where(experts[None, :] == best[:, None], -float("inf"), remaining)
-
-    top = tl.max(chosen_logit, axis=1)  # slot 0's logit, also the row max
-    numer = tl.exp(chosen_logit - top[:, None])  # padded slots: exp(-inf) = 0
     if SOFTMAX_OVER_ALL:
-        denom = tl.sum(tl.exp(logits - top[:, None]), axis=1)
-    else:
-        denom = tl.sum(numer, axis=1)
-    weights = numer / denom[:, None]
+        denom = _tree_sum(tl.exp(logits - top[:, None]), BLOCK_T, EXPERTS_POW2)
+    weights = chosen_num / denom[:, None]
 
     out = tokens.to(tl.int64)[:, None] * TOP_K + slots[None, :]
     out_mask = token_mask[:, None] & (slots[None, :] < TOP_K)
+    if HAS_MAP:
+        chosen_id = tl.load(map_ptr + chosen_id, mask=out_mask, other=-1)
     tl.store(weights_ptr + out, weights, mask=out_mask)
     tl.store(ids_ptr + out, chosen_id, mask=out_mask)
 
@@ -65,28 +89,125 @@ def router_gemm_kernel(x_ptr, w_ptr, partial_ptr, num_tokens,
 
 
 @triton.jit
+def _router_x(x_ptr, rows, h, h_mask, HIDDEN: tl.constexpr):
+    """Hidden states [ROWS, BLOCK_H] of token ``rows`` at columns ``h`` (0 outside ``h_mask``)."""
+    return tl.load(x_ptr + rows.to(tl.int64)[:, None] * HIDDEN + h[None, :], mask=h_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _router_w(w_ptr, h, h_mask, HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr):
+    """Router weight [BLOCK_H, EXPERTS_POW2] at columns ``h`` (0 outside ``h_mask`` and past the experts)."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    return tl.load(w_ptr + experts[None, :] * HIDDEN + h[:, None],
+                   mask=(experts < NUM_EXPERTS)[None, :] & h_mask[:, None], other=0.0)
+
+
+@triton.jit
+def _router_mm(x, w, IEEE_FP32: tl.constexpr):
+    """One router chunk: x [16, BLOCK_H] @ w [BLOCK_H, EXPERTS_POW2] into a fresh fp32 accumulator. bf16 operands
+    are upcast and multiplied with a tf32 dot (bf16 values are exact in tf32, so products are the bf16 products,
+    summed in fp32; Triton 3.9's interpreter also mis-multiplies bf16 dots); fp32 layers use an IEEE dot. Every
+    class computes every chunk of every token with this one call on a 16-row tile (the MMA's own rows: the same
+    instruction sequence for a token whatever the tile it sits in), which is what makes a token's logits the same
+    bits in every batch (docs/routing.md)."""
+    if IEEE_FP32:
+        return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="tf32")
+
+
+@triton.jit
 def _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens,
                     HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                     H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """partial[split, tokens of block i, :] for program (i, split): the chunk ``split`` of H (plans since #22
+    have BLOCK_H >= H_PER_SPLIT, one :func:`_router_mm`; older ones step BLOCK_H and add the steps)."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     experts = tl.arange(0, EXPERTS_POW2)
-    rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
-    expert_mask = experts < NUM_EXPERTS
-    acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
-    for h0 in range(0, H_PER_SPLIT, BLOCK_H):
-        h = split * H_PER_SPLIT + h0 + tl.arange(0, BLOCK_H)
-        h_mask = (h < HIDDEN) & (h0 + tl.arange(0, BLOCK_H) < H_PER_SPLIT)
-        x = tl.load(x_ptr + rows[:, None] * HIDDEN + h[None, :], mask=h_mask[None, :], other=0.0)
-        w = tl.load(w_ptr + experts[None, :] * HIDDEN + h[:, None], mask=expert_mask[None, :] & h_mask[:, None],
-                    other=0.0)
-        if IEEE_FP32:
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="tf32")
+    rows = tl.minimum(tokens, num_tokens - 1)
+    hb = tl.arange(0, BLOCK_H)
+    h = split * H_PER_SPLIT + hb
+    h_mask = (h < HIDDEN) & (hb < H_PER_SPLIT)
+    acc = _router_mm(_router_x(x_ptr, rows, h, h_mask, HIDDEN),
+                     _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32)
+    for h0 in range(BLOCK_H, H_PER_SPLIT, BLOCK_H):
+        h = split * H_PER_SPLIT + h0 + hb
+        h_mask = (h < HIDDEN) & (h0 + hb < H_PER_SPLIT)
+        acc += _router_mm(_router_x(x_ptr, rows, h, h_mask, HIDDEN),
+                          _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32)
     out = partial_ptr + (split.to(tl.int64) * num_tokens + tokens.to(tl.int64))[:, None] * EXPERTS_POW2 \
         + experts[None, :]
     tl.store(out, acc, mask=(tokens < num_tokens)[:, None])
+
+
+@triton.jit
+def _logits_to_routing(acc, b_ptr, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS: tl.constexpr,
+                       TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr, SLOTS_POW2: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
+                       SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr):
+    """The contract's last steps on fp32 sums ``acc`` [BLOCK_T, EXPERTS_POW2]: + bias in fp32, rounded once to bf16
+    (ROUND_LOGITS_BF16; :func:`round_to_bf16`), top-k (ties to the lower id) and softmax, stored."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    expert_mask = experts < NUM_EXPERTS
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
+    if ROUND_LOGITS_BF16:
+        acc = round_to_bf16(acc)
+    logits = tl.where(expert_mask[None, :], acc, -float("inf"))
+    _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
+                      TOP_K, EXPERTS_POW2, SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP)
+
+
+@triton.jit
+def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_tokens,
+                        HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                        H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_H: tl.constexpr,
+                        ROUTER_BLOCK_T: tl.constexpr, SUB_BLOCKS: tl.constexpr, TOP_K: tl.constexpr,
+                        SLOTS_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr,
+                        SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr):
+    """Router and routing of many tokens in one launch: program i takes SUB_BLOCKS (1, 2 or 4) blocks of
+    ROUTER_BLOCK_T (16) tokens from token ``i * 16 * SUB_BLOCKS``, walks H in the chunks of the few-token router
+    (H_PER_SPLIT wide, one :func:`_router_mm` each, the weight chunk loaded once for the sub-blocks), adds the chunk
+    sums in chunk order from 0 (exactly what ``route_partials`` does with the few-token router's partials), and
+    routes each block (:func:`_logits_to_routing`). So a token's logits and routing are the same bits in every
+    class, and no partial sums go through memory (issue #22)."""
+    tl.static_assert(SUB_BLOCKS == 1 or SUB_BLOCKS == 2 or SUB_BLOCKS == 4, "SUB_BLOCKS is 1, 2 or 4")
+    first = tl.program_id(0) * (ROUTER_BLOCK_T * SUB_BLOCKS)
+    t0 = first + tl.arange(0, ROUTER_BLOCK_T)
+    t1 = t0 + ROUTER_BLOCK_T
+    t2 = t1 + ROUTER_BLOCK_T
+    t3 = t2 + ROUTER_BLOCK_T
+    last = num_tokens - 1
+    r0, r1, r2, r3 = tl.minimum(t0, last), tl.minimum(t1, last), tl.minimum(t2, last), tl.minimum(t3, last)
+    acc0 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
+    acc1 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
+    acc2 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
+    acc3 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
+    hb = tl.arange(0, BLOCK_H)
+    for c in range(0, (HIDDEN + H_PER_SPLIT - 1) // H_PER_SPLIT):
+        h = c * H_PER_SPLIT + hb
+        h_mask = (h < HIDDEN) & (hb < H_PER_SPLIT)
+        w = _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2)
+        acc0 += _router_mm(_router_x(x_ptr, r0, h, h_mask, HIDDEN), w, IEEE_FP32)
+        if SUB_BLOCKS > 1:
+            acc1 += _router_mm(_router_x(x_ptr, r1, h, h_mask, HIDDEN), w, IEEE_FP32)
+        if SUB_BLOCKS > 2:
+            acc2 += _router_mm(_router_x(x_ptr, r2, h, h_mask, HIDDEN), w, IEEE_FP32)
+            acc3 += _router_mm(_router_x(x_ptr, r3, h, h_mask, HIDDEN), w, IEEE_FP32)
+    _logits_to_routing(acc0, b_ptr, t0, t0 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
+                       EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
+                       HAS_MAP)
+    if SUB_BLOCKS > 1:
+        _logits_to_routing(acc1, b_ptr, t1, t1 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
+                           EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
+                           HAS_MAP)
+    if SUB_BLOCKS > 2:
+        _logits_to_routing(acc2, b_ptr, t2, t2 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
+                           EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
+                           HAS_MAP)
+        _logits_to_routing(acc3, b_ptr, t3, t3 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
+                           EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
+                           HAS_MAP)
 
 
 @triton.jit
@@ -214,24 +335,18 @@ def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_
                     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                     SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-                    SOFTMAX_OVER_ALL: tl.constexpr):
-    """Top-k + softmax of the router logits of tokens ``first_token + [0, BLOCK_T)``: logits = sum of the
-    SPLITS partials (in order) + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (as the layer's bf16
-    ``F.linear`` rounds them, so near-ties resolve the same way), then :func:`_select_and_store`."""
+                    SOFTMAX_OVER_ALL: tl.constexpr, map_ptr=None, HAS_MAP: tl.constexpr = False):
+    """Top-k + softmax of the router logits of tokens ``first_token + [0, BLOCK_T)``: logits = the SPLITS partials
+    added in order from 0, + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (the contract of
+    docs/routing.md: :func:`_logits_to_routing`)."""
     tokens = first_token + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, EXPERTS_POW2)
     token_mask = tokens < num_tokens
     rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
-    expert_mask = experts < NUM_EXPERTS
     acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
     for s in tl.static_range(SPLITS):  # rows past T are never stored: not read either
         acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :],
                        mask=token_mask[:, None], other=0.0,
                        cache_modifier=".cg")  # written by other programs (router_route_group_kernel)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
-    if ROUND_LOGITS_BF16:
-        acc = acc.to(tl.bfloat16).to(tl.float32)
-    logits = tl.where(expert_mask[None, :], acc, -float("inf"))
-    _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr,
-                      TOP_K, EXPERTS_POW2, SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL)
+    _logits_to_routing(acc, b_ptr, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
+                       EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP)

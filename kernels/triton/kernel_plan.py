@@ -15,6 +15,7 @@ store (see docs/nvidia.md for an example)::
   classes       [{"name", "max_tokens" (None = unbounded), "vars": {name: expr}, "tiles": {...},
                   "launches": [{"kernel": entry name, "grid": [expr...]}]}]
   output        {"buffer": name}: [T, H] in the input dtype
+  options       {"deterministic": bool, "batch_invariant": bool}: the compile options (absent: both off)
   cubins        (added by codegen) entry name -> launch metadata of its cubin
 
 Expressions (grids, sizes, scalar args) are :mod:`.expr` strings over ``T`` (tokens) and the
@@ -211,6 +212,30 @@ class LayerInfo:
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """Compile options a plan was made with (``mxmoe.compile(..., deterministic=, batch_invariant=)``).
+
+    * ``deterministic``: the same input gives the same output bits on every call: no class adds more than two
+      fp32 atomics into one output element (the combine writes per-slot rows and adds them in slot order where
+      it would).
+    * ``batch_invariant`` (implies ``deterministic``): a token's output bits do not depend on the other tokens of
+      its batch: every class reduces along K the same way (one BLOCK_K, no split K) and combines the same way.
+      (A token's routing is batch invariant in every plan: docs/routing.md.)
+    """
+
+    deterministic: bool = False
+    batch_invariant: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"deterministic": self.deterministic, "batch_invariant": self.batch_invariant}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "PlanOptions":
+        d = d or {}
+        return cls(bool(d.get("deterministic", False)), bool(d.get("batch_invariant", False)))
+
+
+@dataclass(frozen=True)
 class PlanInput:
     name: str
     dtype: str
@@ -236,6 +261,8 @@ class KernelPlan:
     output: str                                   # the buffer holding [T, H] in the input dtype
     #: codegen's launch metadata per kernel entry (cubin function name, shared memory, scratch sizes, ...)
     cubins: Mapping[str, Mapping[str, Any]] | None = None
+    #: the compile options it was made with (plans written before them: all off)
+    options: PlanOptions = PlanOptions()
 
     def __post_init__(self) -> None:
         self._check()
@@ -318,6 +345,7 @@ class KernelPlan:
             "kernels": {name: k.to_dict() for name, k in self.kernels.items()},
             "classes": [c.to_dict() for c in self.classes],
             "output": {"buffer": self.output},
+            "options": self.options.to_dict(),
         }
         if self.cubins is not None:
             d["cubins"] = {name: dict(meta) for name, meta in self.cubins.items()}
@@ -345,7 +373,8 @@ class KernelPlan:
                 kernels={n: KernelSpec.from_dict(k) for n, k in plan["kernels"].items()},
                 classes=tuple(ShapeClass.from_dict(c) for c in plan["classes"]),
                 output=plan["output"]["buffer"],
-                cubins=None if cubins is None else {n: dict(m) for n, m in cubins.items()})
+                cubins=None if cubins is None else {n: dict(m) for n, m in cubins.items()},
+                options=PlanOptions.from_dict(plan.get("options")))
         except (KeyError, TypeError, AttributeError) as e:
             raise PlanError(f"malformed kernel plan: {type(e).__name__} {e}") from None
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 KERNELS: dict[str, tuple[str, str]] = {
     "router_gemm": ("_routing_kernel", "router_gemm_kernel"),
     "route_partials": ("_routing_kernel", "route_partials_kernel"),
+    "router_route": ("_routing_kernel", "router_route_kernel"),
     "route_and_group": ("_routing_kernel", "route_and_group_kernel"),
     "router_route_group": ("_routing_kernel", "router_route_group_kernel"),
     "router_route_scatter": ("_routing_kernel", "router_route_scatter_kernel"),
@@ -31,6 +32,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "glu_gemm": ("_gemm_kernels", "glu_gemm_kernel"),
     "combine_gemm": ("_gemm_kernels", "combine_gemm_kernel"),
     "cast": ("_gemm_kernels", "cast_kernel"),
+    "combine_slots": ("_gemm_kernels", "combine_slots_kernel"),
 }
 
 _copies: dict[tuple[str, bool], object] = {}

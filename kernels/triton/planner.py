@@ -21,9 +21,9 @@ from mxmoe.core.layouts import ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED, La
 from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
 from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
-                          ShapeClass)
-from .tile_config import (GEMV_MAX_TOKENS, TileConfig, class_config, fused_cast, is_few_tokens, shape_classes,
-                          use_tma)
+                          PlanOptions, ShapeClass)
+from .tile_config import (GEMV_MAX_TOKENS, TileConfig, batch_invariant_config, class_config, fused_cast,
+                          is_few_tokens, shape_classes, use_tma)
 
 #: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
 #: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
@@ -36,6 +36,8 @@ FEW_TOKEN_ROUTER_BLOCK = 16
 #: launch alone, CUPTI): 256 in four 64-wide steps 9.7 us at 1 token; one 256-wide step 8.0; 128 8.0; 64 8.1
 #: (all with the grouping below still at CHUNK 256).
 FEW_TOKEN_ROUTER_H = 128
+#: Tokens x columns per program of the deterministic combine (``combine_slots``)
+SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
 #: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token
 #: cast ran at 1.26 TB/s: the programs were too short.)
 CAST_BLOCK = 4096
@@ -92,19 +94,46 @@ def kernel_layout(name: str) -> Layout:
     return layout
 
 
-def plan_layer(spec: LayerSpec, arch: int, target: str | None = None) -> KernelPlan:
+def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, deterministic: bool = False,
+               batch_invariant: bool = False) -> KernelPlan:
     """The kernel plan of ``spec`` for ``sm_<arch>`` (``target``: the name it records, ``cuda:sm_<arch>`` by
-    default). Decode constants assume any scale byte (``WIDE_SCALES``); see :func:`fit_scale_range`."""
+    default). Decode constants assume any scale byte (``WIDE_SCALES``); see :func:`fit_scale_range`.
+    ``deterministic`` / ``batch_invariant``: see :class:`~.kernel_plan.PlanOptions` (the second implies the
+    first)."""
+    options = PlanOptions(deterministic or batch_invariant, batch_invariant)
     layout = kernel_layout(spec.layout)
     kernels = _Kernels()
-    cast = _cast_kernel(spec, kernels)
-    classes = tuple(_shape_class(spec, layout, arch, name, max_tokens, cast, kernels)
-                    for name, max_tokens in shape_classes(spec.num_experts, spec.top_k))
-    output = "output" if spec.dtype != "float32" else "accumulator"
+    classes = shape_classes(spec.num_experts, spec.top_k)
+    tiles = {name: _class_tiles(spec, layout, arch, name, options) for name, _ in classes}
+    slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}
+    # fp32 layers sum into their output unless some class writes slot rows; then every class writes "output"
+    output = "output" if spec.dtype != "float32" or any(slot_rows.values()) else "accumulator"
+    cast = _cast_kernel(spec, kernels) if output == "output" else None
+    shape = tuple(_shape_class(spec, layout, name, max_tokens, tiles[name], slot_rows[name], cast, kernels)
+                  for name, max_tokens in classes)
     return KernelPlan(target=target or f"cuda:sm_{arch}", arch=arch, layer=spec.info(),
                       input=PlanInput("x", spec.dtype, spec.hidden), parameters=_parameters(spec),
-                      buffers=_buffers(spec, kernels.entries, output), kernels=kernels.entries, classes=classes,
-                      output=output)
+                      buffers=_buffers(spec, kernels.entries, output), kernels=kernels.entries, classes=shape,
+                      output=output, options=options)
+
+
+def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str,
+                 options: PlanOptions) -> tuple[TileConfig, TileConfig]:
+    """(w13, w2) tiles of class ``name``; batch-invariant plans reduce along K alike in every class
+    (:func:`~.tile_config.batch_invariant_config`)."""
+    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
+    c13 = class_config(name, 2 * I, H, arch, hopper=layout.hopper_words)
+    c2 = class_config(name, H, I, arch, gemm="combine", hopper=layout.hopper_words)
+    if options.batch_invariant:
+        c13, c2 = batch_invariant_config(c13, H), batch_invariant_config(c2, I)
+    return c13, c2
+
+
+def _slot_rows(spec: LayerSpec, c2: TileConfig, options: PlanOptions) -> bool:
+    """Whether a class combines through slot rows (``SLOT_ROWS``): in deterministic plans, where fp32 atomics
+    would add more than twice into an output element (k slots times the w2 GEMM's K splits): two adds from 0
+    give the same bits in either order."""
+    return options.deterministic and spec.top_k * c2.SPLIT_K > 2
 
 
 def fit_scale_range(plan: KernelPlan, scales: Mapping[str, Any]) -> KernelPlan:
@@ -185,7 +214,8 @@ def _weight(name: str, weight: StoredWeight | None) -> Arg:
 
 def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) -> dict[str, Buffer]:
     """The scratch of one call, as far as a kernel or the output uses it (e.g. no block counts without a
-    scatter). Sizes are expressions of T and the class vars (NB row blocks, RS router splits, NC chunks)."""
+    scatter). Sizes are expressions of T and the class vars (NB row blocks, RS router splits, NC chunks, ACC
+    accumulator rows, SR / SP slot rows / fp32 partial slot rows: 0 in a class that has no use for them)."""
     E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
     experts_pow2 = _pow2(E)
     buffers = {
@@ -205,12 +235,14 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         # ranks in the block
         "block_pair_counts": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK})", experts_pow2)),
         "pair_ranks": Buffer("int32", (f"T * {k}",)),
-        # the gemv class fuses the cast into the combine, which counts its programs per column tile in an
-        # extra row (zeroed with the sums); see combine_gemm_kernel
-        "accumulator": Buffer("float32", ("T" if spec.dtype == "float32" else "T + 1", H), "zeros"),
+        # the combine's fp32 sums; the gemv class fuses the cast into the combine, which counts its programs per
+        # column tile in an extra row (zeroed with the sums); see combine_gemm_kernel
+        "accumulator": Buffer("float32", ("ACC", H), "zeros"),
+        # deterministic combines: each (token, slot)'s expert output, [SPLIT_K, T*k, H] (fp32 partials if split)
+        "slot_rows": Buffer(spec.dtype, ("SR", H)),
+        "slot_partials": Buffer("float32", ("SP", H)),
+        "output": Buffer(spec.dtype, ("T", H)),
     }
-    if spec.dtype != "float32":
-        buffers["output"] = Buffer(spec.dtype, ("T", H))
     used = {a.ref for entry in kernels.values() for a in entry.args if a.bind == "buffer"} | {output}
     return {name: b for name, b in buffers.items() if name in used}
 
@@ -220,56 +252,93 @@ _GROUPS = (Arg.buffer("sorted_pairs_ptr", "sorted_pairs"), Arg.buffer("expert_of
            Arg.buffer("block_expert_ptr", "block_expert"), Arg.buffer("block_start_ptr", "block_start"))
 
 
-def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str | None:
-    """The fp32 accumulator -> output dtype copy (none for fp32 layers, whose output is the accumulator): the
-    combine needs fp32 for its atomics."""
-    if spec.dtype == "float32":
-        return None
+def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str:
+    """The fp32 accumulator -> output copy (in the output dtype): the combine needs fp32 for its atomics."""
     return kernels.add("cast", "cast", [
         Arg.buffer("src_ptr", "accumulator"), Arg.buffer("dst_ptr", "output"),
         Arg.scalar("numel", f"T * {spec.hidden}", "i64")], {"BLOCK": CAST_BLOCK}, 4, 1)
 
 
-def _shape_class(spec: LayerSpec, layout: Layout, arch: int, name: str, max_tokens: int | None, cast: str | None,
+def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | None,
+                 tiles: tuple[TileConfig, TileConfig], slot_rows: bool, cast: str | None,
                  kernels: _Kernels) -> ShapeClass:
-    """One token-count class: its tiles (``class_config``; BLOCK_M is the class's, shared by both GEMMs, which
-    read one block map), then routing, grouping, the two GEMMs and the cast, in launch order."""
-    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
-    c13 = class_config(name, 2 * I, H, arch, hopper=layout.hopper_words)
-    c2 = class_config(name, H, I, arch, gemm="combine", hopper=layout.hopper_words)
+    """One token-count class: its tiles (:func:`_class_tiles`; BLOCK_M is the class's, shared by both GEMMs, which
+    read one block map), then routing, grouping, the two GEMMs and the cast (or the deterministic combine), in
+    launch order."""
+    E, k, H = spec.num_experts, spec.top_k, spec.hidden
+    c13, c2 = tiles
     bm, pairs = c13.BLOCK_M, f"T * {k}"
     grouping = [] if is_few_tokens(max_tokens) else _grouping_launches(spec, name, bm, kernels)
     glu = _glu_gemm(spec, layout, name, c13, kernels)
     fuse_cast = cast is not None and fused_cast(max_tokens)  # gemv: the combine's last program per tile casts it
-    combine = _combine_gemm(spec, layout, name, c2, fuse_cast, kernels)
+    combine = _combine_gemm(spec, layout, name, c2, fuse_cast, slot_rows, kernels)
     routing, splits = _router_launches(spec, name, max_tokens, bm, kernels)
     launches = [*routing, *grouping, glu, combine]
-    if cast is not None and not fuse_cast:
+    if slot_rows and not fuse_cast:
+        launches.append(_combine_slots(spec, c2.SPLIT_K, kernels))
+    elif cast is not None and not fuse_cast:
         launches.append(Launch(cast, (f"cdiv(T * {H}, {CAST_BLOCK})",)))
     # NB: an upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one partial block,
     # and at most min(E, T*k) experts are non-empty
+    split = c2.SPLIT_K
+    acc_rows = "T + 1" if fuse_cast else "0" if slot_rows else "T"
     return ShapeClass(name, max_tokens, {"NB": f"{pairs} // {bm} + min({E}, {pairs})", "RS": splits,
-                                         "NC": f"cdiv({pairs}, {GROUP_CHUNK})"},
+                                         "NC": f"cdiv({pairs}, {GROUP_CHUNK})", "ACC": acc_rows,
+                                         "SR": pairs if slot_rows and split == 1 else "0",
+                                         "SP": f"{split} * {pairs}" if slot_rows and split > 1 else "0"},
                       {"w13": dataclasses.asdict(c13), "w2": dataclasses.asdict(c2)}, tuple(launches))
+
+
+def _combine_slots(spec: LayerSpec, split: int, kernels: _Kernels) -> Launch:
+    """The deterministic combine of the slot rows (``combine_slots``), into the output."""
+    rows = "slot_rows" if split == 1 else "slot_partials"
+    entry = kernels.add(f"combine_slots.{rows}", "combine_slots", [
+        Arg.buffer("rows_ptr", rows), Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
+        Arg.buffer("out_ptr", "output"), Arg.scalar("num_tokens", "T")],
+        dict(HIDDEN=spec.hidden, TOP_K=spec.top_k, SPLIT_K=split, ROUND_ROWS=split > 1 and spec.dtype == "bfloat16",
+             UNIT_WEIGHTS=False, BLOCK_T=SLOTS_BLOCK_T, BLOCK_H=min(SLOTS_BLOCK_H, max(16, _pow2(spec.hidden)))), 4, 1)
+    return Launch(entry, (f"cdiv(T, {SLOTS_BLOCK_T})", f"cdiv({spec.hidden}, "
+                          f"{min(SLOTS_BLOCK_H, max(16, _pow2(spec.hidden)))})"))
 
 
 def _router_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
                      kernels: _Kernels) -> tuple[list[Launch], int]:
     """(launches, splits of H) of the router and routing for a class: few tokens split the router weight's H
     across programs to stream it at bandwidth, and the same launch routes each token block in its last router
-    program and groups all pairs in the last block routed (:func:`_few_token_router`); many tokens don't
-    split, and route (and group, :func:`_grouping_launches`) in launches of their own."""
+    program and groups all pairs in the last block routed (:func:`_few_token_router`); many tokens route in one
+    launch whose programs walk all of H (:func:`_router_route`) and group in launches of their own
+    (:func:`_grouping_launches`). Both compute a token's logits alike (the routing contract)."""
     if is_few_tokens(max_tokens):
         return _few_token_router(spec, cls, max_tokens, bm, kernels)
-    H = spec.hidden
-    gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec),
-                       _router_constexprs(spec, 64, H, max(16, min(64, _pow2(H)))), 4, 2)
+    return [_router_route(spec, cls, kernels)], 0
+
+
+def router_sub_blocks(experts_pow2: int) -> int:
+    """16-token blocks per program of the many-token router (``router_route``), sharing each weight chunk it
+    loads: 4 up to 64 experts, 2 up to 128, else 1 (the sub-blocks' fp32 sums stay in registers)."""
+    return 4 if experts_pow2 <= 64 else 2 if experts_pow2 <= 128 else 1
+
+
+def _router_route(spec: LayerSpec, cls: str, kernels: _Kernels) -> Launch:
+    """Router and routing of many tokens in one launch (``router_route``): the same chunks of H, the same dot per
+    16-token tile and the same order of the chunk sums as the few-token router, so a token's routing never
+    depends on its batch (issue #22; docs/routing.md)."""
+    H, block_t = spec.hidden, FEW_TOKEN_ROUTER_BLOCK
+    h_per_split = min(H, FEW_TOKEN_ROUTER_H)
+    router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
+    sub = router_sub_blocks(router_consts["EXPERTS_POW2"])
     route_consts = _route_constexprs(spec, 1)
-    route = kernels.add(f"route.{cls}", "route_partials", [
-        Arg.buffer("partial_ptr", "router_partials"), _weight("b_ptr", spec.router_bias),
+    consts = {k: router_consts[k] for k in ("HIDDEN", "NUM_EXPERTS", "EXPERTS_POW2", "H_PER_SPLIT", "IEEE_FP32",
+                                            "BLOCK_H")}
+    consts.update(ROUTER_BLOCK_T=block_t, SUB_BLOCKS=sub,
+                  **{k: route_consts[k] for k in ("TOP_K", "SLOTS_POW2", "HAS_BIAS", "ROUND_LOGITS_BF16",
+                                                  "SOFTMAX_OVER_ALL")}, HAS_MAP=False)
+    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
+    entry = kernels.add(f"router_route.{cls}", "router_route", [
+        Arg.input("x_ptr"), Arg.param("w_ptr", spec.router_weight.name), _weight("b_ptr", spec.router_bias),
         Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
-        Arg.scalar("num_tokens", "T")], route_consts, 4, 1)
-    return [Launch(gemm, ("cdiv(T, 64)", "RS")), Launch(route, (f"cdiv(T, {route_consts['BLOCK_T']})",))], 1
+        Arg.none("map_ptr", "int32"), Arg.scalar("num_tokens", "T")], consts, warps, 2)
+    return Launch(entry, (f"cdiv(T, {block_t * sub})",))
 
 
 def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
@@ -361,21 +430,29 @@ def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernel
     return Launch(entry, ("NB", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
 
 
-def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fuse_cast: bool,
+def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fuse_cast: bool, slot_rows: bool,
                   kernels: _Kernels) -> Launch:
     """The w2 GEMM: bias, routing weight and the combine back to token order by fp32 atomics into the zeroed
-    accumulator; with ``fuse_cast`` its last program per column tile also writes the tile in the output dtype;
-    SPLIT_K programs per tile split I (the Hopper gemv tile)."""
+    accumulator (``slot_rows``: each pair's output written as a row instead, for the deterministic combine); with
+    ``fuse_cast`` its last program per column tile also writes the tile in the output dtype; SPLIT_K programs per
+    tile split I (the Hopper gemv tile)."""
+    split = cfg.SPLIT_K
     consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
                   HAS_BIAS=spec.w2_bias is not None, K_CONTIGUOUS=True,
                   BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                   W_TMA=use_tma(cfg, tiled=layout.tiles), NUM_EXPERTS=spec.num_experts, GROUP_M=cfg.GROUP_M,
                   W_HOPPER=layout.hopper_words, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=layout.tiles,
-                  SPLIT_K=cfg.SPLIT_K)
-    cast_to = Arg.buffer("cast_ptr", "output") if spec.dtype != "float32" else Arg.none("cast_ptr")
+                  SPLIT_K=split, SLOT_ROWS=slot_rows, ROUND_ROWS=slot_rows and split > 1 and spec.dtype == "bfloat16",
+                  UNIT_WEIGHTS=False)
+    cast_to = Arg.buffer("cast_ptr", "output") if fuse_cast else Arg.none("cast_ptr")
+    if slot_rows:
+        rows = Arg.buffer("rows_ptr", "slot_rows" if split == 1 else "slot_partials")
+        ids = Arg.buffer("ids_ptr", "expert_ids")
+    else:
+        rows, ids = Arg.none("rows_ptr"), Arg.none("ids_ptr", "int32")
     entry = kernels.add(f"combine_gemm.{cls}", "combine_gemm", [
         Arg.buffer("act_ptr", "activations"), Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name),
         _weight("bias_ptr", spec.w2_bias), Arg.buffer("routing_weights_ptr", "routing_weights"),
-        Arg.buffer("out_ptr", "accumulator"), *_GROUPS, cast_to, Arg.scalar("num_tokens", "T")],
+        Arg.buffer("out_ptr", "accumulator"), *_GROUPS, cast_to, Arg.scalar("num_tokens", "T"), rows, ids],
         consts, cfg.num_warps, cfg.num_stages)
-    return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", cfg.SPLIT_K))
+    return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", split))

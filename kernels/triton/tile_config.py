@@ -6,6 +6,7 @@ depend on the machine they ran on; a fixed rule keeps both JIT and AOT builds re
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 #: At or below this many (token, slot) rows per expert on average we are streaming weights
@@ -198,6 +199,23 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
     return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m, SPLIT_K=split_k)
+
+
+#: The one K step of every class's GEMMs in batch-invariant plans (``batch_invariant_config``).
+BATCH_INVARIANT_BLOCK_K = 128
+
+
+def batch_invariant_config(config: TileConfig, K: int) -> TileConfig:
+    """``config`` reducing along K like every other class of a batch-invariant plan: BLOCK_K =
+    :data:`BATCH_INVARIANT_BLOCK_K` (clamped to K as :func:`class_config` clamps) and no split K, so a token's
+    output element is the same sequence of MMAs whatever class (tile) its batch runs in. BLOCK_M, BLOCK_N and the
+    warps stay the class's: they choose which rows and columns an MMA covers, not how one element is summed.
+    Pipelining depth drops to 3 where 4 stages of a 256-row tile at K = 128 would not fit in shared memory."""
+    block_k = max(64, min(BATCH_INVARIANT_BLOCK_K, _pow2_at_least(K)))
+    stages = config.num_stages
+    if config.BLOCK_M * block_k * 2 * stages > 160 * 1024:
+        stages = 3
+    return dataclasses.replace(config, BLOCK_K=block_k, SPLIT_K=1, num_stages=stages)
 
 
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:

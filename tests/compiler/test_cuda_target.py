@@ -151,7 +151,9 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
         router = plan["kernels"][decode["launches"][0]["kernel"]]
         assert router["constexprs"]["H_PER_SPLIT"] == router["constexprs"]["BLOCK_H"] == 64
         assert router["constexprs"]["CHUNK"] == (16 if fused else 128) and router["num_warps"] == 4
-    assert plan["buffers"]["accumulator"]["shape"] == ["T + 1", 64]
+    # the accumulator's rows per class: the gemv class's counters take one more
+    assert plan["buffers"]["accumulator"]["shape"] == ["ACC", 64]
+    assert [c["vars"]["ACC"] for c in plan["classes"]] == ["T + 1"] + ["T"] * 5
     gemms = [plan["kernels"][lc["kernel"]]["constexprs"] for cls in plan["classes"] for lc in cls["launches"]
              if plan["kernels"][lc["kernel"]]["kernel"].endswith("_gemm")
              and plan["kernels"][lc["kernel"]]["kernel"] != "router_gemm"]
@@ -163,8 +165,11 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     assert decode_tma == ([False, False] if hopper else [True, True])
     prefill = plan["classes"][4]
     kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
-    assert kernels == ["router_gemm", "route_partials", "chunk_histogram", "chunk_scan", "chunk_scatter",
-                       "glu_gemm", "combine_gemm", "cast"]
+    # many tokens: router and routing in one launch (the few-token router's chunks of H: issue #22), grouping
+    assert kernels == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter", "glu_gemm", "combine_gemm",
+                       "cast"]
+    router = plan["kernels"][prefill["launches"][0]["kernel"]]["constexprs"]
+    assert router["H_PER_SPLIT"] == router["BLOCK_H"] == 64 and router["ROUTER_BLOCK_T"] == 16
     assert plan["kernels"][prefill["launches"][-2]["kernel"]]["constexprs"]["FUSED_CAST"] is False
 
 

@@ -38,7 +38,7 @@ SM90_ROWS = (90, "triton-mxfp4-hopper")
 SM100 = (100, "mxfp4-rowmajor")
 TARGETS = {"sm90": SM90, "sm90_rows": SM90_ROWS, "sm100": SM100}
 #: the kernels that route (the few-token classes' launch groups too)
-ROUTERS = {"router_route_group", "router_route_scatter", "router_gemm", "route_partials"}
+ROUTERS = {"router_route_group", "router_route_scatter", "router_route", "router_gemm", "route_partials"}
 
 # ---------------------------------------------------------------- reference
 
@@ -218,6 +218,154 @@ def test_routing_breaks_ties_towards_lower_expert():
     bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
     assert bufs["expert_ids"].tolist() == [[1, 2, 4], [0, 1, 2]]
     torch.testing.assert_close(bufs["routing_weights"].cpu(), torch.full((2, 3), 1 / 3))
+
+
+# ---------------------------------------------------------------- the routing contract (issue #22)
+
+L_TIE = 1.2265625  # a bf16 value (issue #22's tied logit); one ulp above it is L_TIE + 2^-7
+
+
+def contract_router(E=16, k=3, H=256, seed=0):
+    """(spec, weights, patterns, expected) for routing-contract checks, bf16, no router bias. Each pattern is a
+    token (x row) whose k-th place is contested by experts a < b:
+
+    * 64 tie patterns (x one-hot at column 128 + j, value 2^(j % 3)): logits of a and b exactly equal (even j:
+      ``expected`` is a, the lower index) or b one ulp above (odd j: b); every logit exact, whatever the order;
+    * 32 cancellation patterns (i < 16, two variants): expert a's logit is 2^10 (column i) - 2^10 (64 + i)
+      - 2^-15 (96 + i) + L + d (192 + i, 224 + i), d = 2^-7 or 2^-8: the -2^-15 survives or not depending on
+      how H is chunked, and decides the bf16 rounding (the midpoint for 2^-8). What a target picks is its
+      summation order's business (docs/routing.md); that it picks the same in every class is the contract.
+      (Before #22 the few-token classes chunked H by 128 and the others by 64 steps: they disagreed here.)
+    """
+    rng = torch.Generator().manual_seed(seed)
+    spec = layer_spec(E, k, H, 32, router_bias=False)
+    weights = random_weights(spec, seed=seed)
+    R = torch.zeros(E, H)
+    patterns, expected = [], []
+
+    def column(a, b, winners, tie_value, b_value):
+        col = -4.0 - torch.randint(0, 8, (E,), generator=rng).float()
+        col[winners] = 8.0 - torch.arange(len(winners)).float()
+        col[a], col[b] = tie_value, b_value
+        return col
+
+    def contest():
+        order = torch.randperm(E, generator=rng).tolist()
+        a, b = sorted(order[k - 1:k + 1])
+        return a, b, [e for e in order[:k + 1] if e not in (a, b)]
+
+    for j in range(64):
+        a, b, winners = contest()
+        R[:, 128 + j] = column(a, b, winners, L_TIE, L_TIE + (j % 2) * 2.0 ** -7)
+        x = torch.zeros(H)
+        x[128 + j] = 2.0 ** (j % 3)
+        patterns.append(x)
+        expected.append(sorted(winners + [b if j % 2 else a]))
+    for d in (2.0 ** -7, 2.0 ** -8):
+        for i in range(16):
+            a, b, winners = contest()
+            b, a = a, b  # a, the order-sensitive one, above b: a tie goes to b, a rounding up makes a win
+            R[:, 192 + i] = column(a, b, winners, L_TIE, L_TIE)
+            R[a, i], R[a, 64 + i], R[a, 96 + i], R[a, 224 + i] = 2.0 ** 10, -2.0 ** 10, -2.0 ** -15, d
+            x = torch.zeros(H)
+            x[[i, 64 + i, 96 + i, 192 + i, 224 + i]] = 1.0
+            patterns.append(x)
+            expected.append(None)
+    weights["router_weight"] = R.bfloat16()
+    assert torch.equal(weights["router_weight"].float(), R)
+    return spec, weights, torch.stack(patterns).bfloat16(), expected
+
+
+def test_routing_contract_holds_in_every_class():
+    """Every shape class routes a token alike, bit for bit (ids and weights), and exact ties go to the lower
+    expert index, one ulp apart to the larger logit: tokens of :func:`contract_router` run in batches of 1 to
+    2731 (gemv, decode, sparse, mid, prefill, large for 16 experts, top 3) against the same tokens in batches of
+    four (gemv)."""
+    spec, weights, patterns, expected = contract_router()
+    ex = executor(spec, weights, 90)
+    P = patterns.shape[0]
+    alone = {name: torch.cat([ex.run(patterns[i:i + 4].to(DEVICE), kernels=ROUTERS)[name].cpu()
+                              for i in range(0, P, 4)]) for name in ("expert_ids", "routing_weights")}
+    for p, want in enumerate(expected):
+        if want is not None:
+            assert sorted(alone["expert_ids"][p].tolist()) == want, (p, alone["expert_ids"][p].tolist(), want)
+    classes = set()
+    for T in (1, 5, 64, 65, 171, 1025, 2731):
+        rows = torch.arange(T) * 7 % P  # every pattern, in some order, several times
+        bufs = ex.run(patterns[rows].to(DEVICE), kernels=ROUTERS)
+        classes.add(ex.kernel_plan.shape_class(T).name)
+        for name in ("expert_ids", "routing_weights"):
+            got, want = bufs[name].cpu(), alone[name][rows]
+            bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+            assert not bad, f"T={T}: {name} of pattern(s) {sorted({int(rows[b]) for b in bad})} differ"
+    assert classes == {"gemv", "decode", "sparse", "mid", "prefill", "large"}
+
+
+def options_executor(spec, weights, **options) -> TritonExecutor:
+    params = stored(spec, weights)
+    return TritonExecutor(fit_scale_range(plan_layer(spec, 90, **options), params), params, device=DEVICE, mode=MODE)
+
+
+def test_deterministic_and_batch_invariant_plans():
+    """What the options change in a plan: deterministic classes whose fp32 atomics would add more than twice per
+    output element (k slots x K splits) write slot rows and add them in slot order (a ``combine_slots`` launch,
+    or the gemv class's fused last program), with no [T, H] accumulator; batch-invariant plans also take one K
+    step and no split K in every class; the options are recorded."""
+    def plan(k, **options):
+        return plan_layer(layer_spec(32, k, 2880, 2880), 90, **options)
+
+    def combine(cls):
+        return [p.kernels[lc.kernel] for lc in cls.launches if p.kernels[lc.kernel].kernel == "combine_gemm"][0]
+
+    p = plan(4)
+    assert p.options.deterministic is False and not any(combine(c).constexprs["SLOT_ROWS"] for c in p.classes)
+    p = plan(4, deterministic=True)
+    assert p.to_dict()["options"] == {"deterministic": True, "batch_invariant": False}
+    for cls in p.classes:
+        kernels = [p.kernels[lc.kernel].kernel for lc in cls.launches]
+        assert combine(cls).constexprs["SLOT_ROWS"]
+        assert kernels[-1] == ("combine_gemm" if cls.name == "gemv" else "combine_slots"), kernels
+        assert cls.vars["ACC"] == ("T + 1" if cls.name == "gemv" else "0")  # gemv: its counters
+    assert {cls.vars["SP"] for cls in p.classes} == {"2 * T * 4", "0"}  # gemv splits K: fp32 partial rows
+    p = plan(2, deterministic=True)  # two adds: atomics stay, but gemv's split K makes four
+    assert [combine(c).constexprs["SLOT_ROWS"] for c in p.classes] == [True] + [False] * (len(p.classes) - 1)
+    p = plan(4, batch_invariant=True)
+    assert p.options.deterministic and p.options.batch_invariant
+    assert {(c.tiles[g]["BLOCK_K"], c.tiles[g]["SPLIT_K"]) for c in p.classes for g in ("w13", "w2")} == {(128, 1)}
+    assert len({c.tiles["w13"]["BLOCK_M"] for c in p.classes}) > 1  # the rows per tile stay the class's
+    p = plan(2, batch_invariant=True)  # no split K anywhere: two atomic adds in every class
+    assert not any(combine(c).constexprs["SLOT_ROWS"] for c in p.classes)
+    assert KernelPlan.from_dict({k: v for k, v in plan(4).to_dict().items() if k != "options"}).options == \
+        plan(4).options  # plans written before the options: both off
+
+
+@pytest.mark.parametrize("options", [dict(deterministic=True), dict(batch_invariant=True)])
+def test_deterministic_forward_matches_reference_and_repeats(options, near_tie_tokens):
+    """Slot rows and their slot-order sum against the reference in the gemv class (split K: fp32 partial rows,
+    summed in the combine's last program), decode and mid; the same input twice gives the same bits."""
+    spec = layer_spec(8, 4, 96, 160)
+    weights = random_weights(spec, seed=11)
+    ex = options_executor(spec, weights, **options)
+    for T in (1, 9, 70):
+        x = tokens(T, 96, seed=T + 11)
+        check_forward(ex, spec, weights, x, near_tie_tokens)
+        if T == 9:
+            assert torch.equal(ex(x.to(DEVICE)), ex(x.to(DEVICE)))
+
+
+def test_batch_invariant_rows_equal_the_tokens_alone():
+    """batch_invariant=True: rows of a batch of 1030 tokens (the large class for 4 experts, top 3) are bit for bit
+    the same tokens run in batches of 1, 5 and 70 (gemv, decode, mid), and so is their routing."""
+    spec = layer_spec(4, 3, 64, 64, routing="softmax_topk")
+    weights = random_weights(spec, seed=12)
+    ex = options_executor(spec, weights, batch_invariant=True)
+    x = tokens(1030, 64, seed=12).to(DEVICE)
+    assert ex.kernel_plan.shape_class(1030).name == "large"
+    big = ex.run(x)
+    for T, first in ((1, 17), (5, 3), (70, 900)):
+        small = ex.run(x[first:first + T])
+        for name in ("expert_ids", "routing_weights", "output"):
+            assert torch.equal(small[name].cpu(), big[name][first:first + T].cpu()), (T, name)
 
 
 def assert_groups(bufs, ids, ex, num_tokens):

@@ -1,4 +1,5 @@
-"""The routing contract (docs/routing.md) on the reference and the cpu target: exact ties go to the lower expert
+"""The routing contract (docs/routing.md) on the reference, the cpu target and the cuda target (its Triton kernels
+under the interpreter here; on a GPU in tests/kernels/test_triton_gpu.py): exact ties go to the lower expert
 index, logits one ulp apart are told apart, a token's routing does not depend on the batch it runs in, and the
 same input gives the same bits twice.
 
@@ -104,3 +105,55 @@ def test_random_routers_route_like_the_reference_except_within_a_rounding(near_t
     ref, out = layer(x).float(), cm(x).float()
     err = (out - ref).abs().max(dim=-1).values / ref.abs().max()
     assert (err[free] < 2e-2).all(), err[free].max()
+
+
+# ------------------------------------------------------------------ the cuda target (Triton, interpreted here)
+
+@pytest.fixture(scope="module")
+def compiled_tied_cuda():
+    pytest.importorskip("iree.compiler")
+    out = {}
+    for gap in (0, 1):
+        layer, x, expected = _tied_layer(16, 3, 64, gap, "topk_softmax", seed=2)
+        out[gap] = (layer, x, expected, {opt: mxmoe.compile(layer, target="cuda:sm_90", interpret=True,
+                                                            **({opt: True} if opt else {}))
+                                         for opt in ("", "batch_invariant")})
+    return out
+
+
+@pytest.mark.parametrize("gap_ulps", [0, 1])
+def test_cuda_target_follows_the_contract_in_every_class(compiled_tied_cuda, gap_ulps):
+    """The tied tokens at 1, 5 and 64 tokens (gemv, decode) and repeated to 300 and (batch-invariant module) 1100
+    (mid, prefill for 16 experts, top 3; tests/kernels/test_triton.py routes in every class): every token gets the contract's experts (a wrong pick is an O(1) error), the same bits in
+    every batch (its routing always; its output in the batch-invariant module)."""
+    layer, x, _, modules = compiled_tied_cuda[gap_ulps]
+    for opt, cm in modules.items():
+        alone = cm(x)
+        ref = layer(x).float()
+        assert ((alone.float() - ref).abs().max() / ref.abs().max()) < 2e-2, opt
+        for T in (1, 5, 300) + ((1100,) if opt else ()):
+            rows = torch.arange(T) % 64
+            out = cm(x[rows])
+            err = (out.float() - ref[rows]).abs().max() / ref.abs().max()
+            assert err < 2e-2, f"{opt or 'default'} module, {T} tokens, gap {gap_ulps}: {err}"
+            if opt == "batch_invariant":
+                assert torch.equal(out, alone[rows]), T
+        assert torch.equal(cm(x), alone)
+
+
+def test_cuda_options_are_recorded(tmp_path):
+    """deterministic / batch_invariant reach the plan and the artifact's target record; the cpu target accepts
+    them and records what it always is (deterministic; batch invariant with its C microkernel)."""
+    pytest.importorskip("iree.compiler")
+    layer, _, _ = _tied_layer(16, 3, 4, 0, "topk_softmax", seed=3)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, deterministic=True)
+    assert cm.kernel_plan["options"] == {"deterministic": True, "batch_invariant": False}
+    assert cm.target.record(cm.code, cm.mlir)["numerics"] == {"deterministic": True, "batch_invariant": False}
+    cm.save(tmp_path / "a.mxmoe")
+    from mxmoe.runtime.artifact import Artifact
+
+    assert Artifact(tmp_path / "a.mxmoe").manifest["target"]["numerics"]["deterministic"] is True
+    cpu = mxmoe.compile(layer, target="cpu", batch_invariant=True)
+    assert cpu.target.record(cpu.code, cpu.mlir)["numerics"]["deterministic"] is True
+    with pytest.raises(ValueError, match="rocm:gfx942 does not offer deterministic"):
+        mxmoe.compile(layer, target="rocm:gfx942", deterministic=True)
