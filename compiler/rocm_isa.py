@@ -88,3 +88,80 @@ def main_loop(lines: list[str]) -> list[str]:
     if not looping:
         return []
     return max(looping.values(), key=lambda b: sum("v_mfma" in ln for ln in b))
+
+
+#: element type of a dispatch binding -> what it holds in an expert dispatch
+_ROLES = {"f4E2M1FN": "weights", "bf16": "activations", "f16": "activations", "f8E4M3FN": "activations",
+          "i32": "indices", "i64": "indices"}
+
+
+def _load_bytes(llvm_type: str) -> int:
+    m = re.fullmatch(r"<(\d+) x (\w+)>", llvm_type)
+    count, scalar = (int(m.group(1)), m.group(2)) if m else (1, llvm_type)
+    bits = {"bfloat": 16, "half": 16, "float": 32, "double": 64}.get(scalar) or int(scalar.lstrip("i"))
+    return count * bits // 8
+
+
+def binding_loads(dump_dir: str | Path) -> dict[str, dict[str, Counter]]:
+    """Kernel name -> {what a binding holds (weights, scales, activations, activation scales, indices, or two of
+    them joined by "+" where one buffer holds both): Counter of load sizes in bytes}, the static loads of each kernel
+    (prologue and loop) traced to its bindings in the LLVM IR IREE dumps (``*.optimized.ll``; kernel argument i is
+    binding i, whose types the dispatch's ``configured_*.mlir`` gives)."""
+    dump_dir = Path(dump_dir)
+    roles: dict[str, dict[int, str]] = {}
+    for path in dump_dir.glob("configured_*.mlir"):
+        text = path.read_text()
+        for fn in set(re.findall(r"func\.func @(\S+?)\(\)", text)):
+            found: dict[int, str] = {}
+            for m in re.finditer(r"binding\((\d+)\)[^\n]*?flags\(([^)]*)\)[^\n]*?: memref<([^,>]+)", text):
+                index, flags, shape = int(m.group(1)), m.group(2), m.group(3)
+                el = shape.rsplit("x", 1)[-1]
+                rank = shape.count("x")
+                if "ReadOnly" not in flags:
+                    role = "output"
+                elif el == "f8E8M0FNU":
+                    role = "scales" if rank >= 3 else "activation scales"
+                else:
+                    role = _ROLES.get(el, el)
+                if role not in found.get(index, "").split("+"):  # one buffer may hold two results
+                    found[index] = f"{found[index]}+{role}" if index in found else role
+            roles[fn] = found
+    out: dict[str, dict[str, Counter]] = {}
+    for path in dump_dir.glob("*.optimized.ll"):
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            m = re.match(r'define .*@"?([^"(]+)"?\((.*)\)', lines[i])
+            if not m:
+                i += 1
+                continue
+            name, args = m.group(1), re.findall(r"ptr addrspace\(1\)[^,]*?(%\d+)", m.group(2))
+            defs, body = {}, []
+            i += 1
+            while i < len(lines) and not lines[i].startswith("}"):
+                d = re.match(r"\s*(%[\w.]+) = (.*)", lines[i])
+                if d:
+                    defs[d.group(1)] = d.group(2)
+                body.append(lines[i])
+                i += 1
+
+            def root(v: str, depth: int = 0) -> int | None:
+                if v in args:
+                    return args.index(v)
+                if depth > 40 or v not in defs:
+                    return None
+                for op in re.findall(r"%[\w.]+", defs[v]):
+                    r = root(op, depth + 1)
+                    if r is not None:
+                        return r
+                return None
+
+            counts: dict[str, Counter] = {}
+            for ln in body:
+                lm = re.search(r"= load (<[^>]+>|[a-z0-9]+), ptr addrspace\((?:1|7)\) (%[\w.]+)", ln)
+                if lm:
+                    arg = root(lm.group(2))
+                    role = roles.get(name, {}).get(arg, f"binding {arg}")
+                    counts.setdefault(role, Counter())[_load_bytes(lm.group(1))] += 1
+            out[name] = counts
+    return out

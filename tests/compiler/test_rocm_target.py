@@ -38,7 +38,8 @@ def _compile_dump(layer: MoE, arch: str, activations: str, tmp_path, **kw):
 
 
 def _check_matrix_cores(kernels: dict, activations: str, expected: int) -> dict:
-    """Every expert dispatch runs the expected MFMA and no vector FMA; no dispatch decodes weights on its own."""
+    """``expected`` expert dispatches (two per grouped matmul: 16-row and 64-row blocks), each running the expected
+    MFMA and no vector FMA; no dispatch decodes weights on its own."""
     import re
 
     experts = rocm_isa.expert_dispatches(kernels)
@@ -53,18 +54,22 @@ def _check_matrix_cores(kernels: dict, activations: str, expected: int) -> dict:
 
 @pytest.mark.parametrize("arch, activations", FORMS, ids=[f"{a}-{f}" for a, f in FORMS])
 def test_expert_gemms_run_on_the_matrix_cores(arch, activations, tmp_path):
-    """The ISA of a small layer (a shared expert too: its E=1 grouped matmuls): 4 expert dispatches, each MFMA."""
+    """The ISA of a small layer (a shared expert too: its E=1 grouped matmuls): 4 grouped matmuls, each two expert
+    dispatches (blocks of 16 rows for few tokens, of 64 for many), each MFMA."""
     layer = MoE.random(MoEConfig(num_experts=8, top_k=2, hidden=256, intermediate=128, shared_intermediate=128), seed=0)
     cm, kernels = _compile_dump(layer, arch, activations, tmp_path)
-    experts = _check_matrix_cores(kernels, activations, expected=4)
+    experts = _check_matrix_cores(kernels, activations, expected=8)
     assert cm.target.activations == activations and cm.target.record(cm.code)["activations"] == activations
-    # the weights are read in 16-byte (gfx950) or 4-byte (gfx942) loads, never byte by byte; the scales are one byte
-    # per 32 weights
-    for name, lines in experts.items():
-        m = rocm_isa.mix(rocm_isa.main_loop(lines) or lines)
-        assert m["load_x4"] + m["load_x2"] + m["load_dword"] > 0, (rocm_isa.short_name(name), m)
-        if arch == "gfx950":
-            assert m["load_x4"] > 0, (rocm_isa.short_name(name), m)
+    # the packed weights are read in 4-byte loads or wider (16 bytes in gfx950's 16-row blocks), never byte by byte;
+    # the activations in 16-byte loads; the scales are one byte per 32 weights
+    loads = rocm_isa.binding_loads(tmp_path / f"{arch}-{activations}")
+    for name in experts:
+        got = loads[name]
+        assert min(got["weights"]) >= 4, (rocm_isa.short_name(name), got)
+        if activations == "bf16":
+            assert min(got["activations"]) == 16, (rocm_isa.short_name(name), got)
+        if arch == "gfx950" and activations == "bf16" and "_Dx16x" in name:
+            assert set(got["weights"]) == {16}, (rocm_isa.short_name(name), got)
 
 
 #: (E, k, H, I): odd sizes, powers of two, the model shapes that failed with "failed to distribute" before (Qwen3-30B-A3B,
@@ -81,7 +86,7 @@ def _grid_case(shape, tmp_path):
     layer = MoE.random(MoEConfig(num_experts=e, top_k=k, hidden=h, intermediate=i), seed=0)
     for arch in ("gfx942", "gfx950"):
         _, kernels = _compile_dump(layer, arch, "bf16", tmp_path)
-        _check_matrix_cores(kernels, "bf16", expected=2)
+        _check_matrix_cores(kernels, "bf16", expected=4)
 
 
 @pytest.mark.parametrize("shape", GRID, ids=[",".join(map(str, s)) for s in GRID])
@@ -99,7 +104,7 @@ def test_scaled_form_at_gpt_oss_shape(tmp_path):
     """K = 2880 is not a multiple of the scaled MFMA's 128: the mxfp8 form pads it (2944) and runs the scaled MFMA."""
     layer = MoE.random(PRESETS["gpt-oss-20b"], seed=0)
     cm, kernels = _compile_dump(layer, "gfx950", "mxfp8", tmp_path)
-    _check_matrix_cores(kernels, "mxfp8", expected=2)
+    _check_matrix_cores(kernels, "mxfp8", expected=4)
     assert any(f.padded_shape[-1] == 2944 // 2 for f in cm.stored_forms.values() if f.role == "values")
 
 
@@ -154,6 +159,26 @@ def test_weight_decode_is_exact_for_every_code_and_scale(arch, rocm_form_on_cpu)
     assert np.array_equal(out, ref)
 
 
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_large_blocks_match_the_reference(arch, rocm_form_on_cpu):
+    """Enough tokens for the 64-row blocks (slots >= 48 per expert), with another rank's experts (-1 ids), biases and
+    a gated shared expert, and a routing that leaves experts idle and piles tokens on others."""
+    from mxmoe.compiler.passes.lowering import rocm_grouped
+
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden=128, intermediate=96, global_num_experts=12, shared_intermediate=64,
+                    shared_gate=True)
+    layer = MoE.random(cfg, seed=5)
+    cm = mxmoe.compile(layer, target=rocm_form_on_cpu(arch), entries=["modular"])
+    t = rocm_grouped.LARGE_BLOCK_MIN_ROWS * cfg.num_experts // cfg.top_k + 5
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(t, cfg.hidden, generator=g).bfloat16()
+    w = torch.rand(t, cfg.top_k, generator=g) + 0.05
+    ids = torch.randint(0, 5, (t, cfg.top_k), generator=g, dtype=torch.int32) * 2  # even global ids only
+    ids[::3, 1] = 11                                                                # often another rank's expert
+    err = relative_error(cm.entry("modular")(x, w, ids).float().numpy(), layer.modular(x, w, ids).float().numpy())
+    assert err <= 2e-2, err
+
+
 MXFP8_FEATURES = {
     "plain": {},
     "expert-parallel": dict(global_num_experts=20),
@@ -171,7 +196,7 @@ def test_mxfp8_form_matches_its_reference(feature, rocm_form_on_cpu):
     layer = MoE.random(cfg, seed=3)
     cm = mxmoe.compile(layer, target=rocm_form_on_cpu("gfx950", "mxfp8"))
     w8 = layer.to_weights()
-    for t in (1, 7, 33):
+    for t in (1, 7, 33, 200):
         x = torch.randn(t, cfg.hidden, generator=torch.Generator().manual_seed(t)).bfloat16()
         out = cm(x).float().numpy()
         ref8 = numpy_reference(w8, x.float().numpy(), ml_dtypes.bfloat16, activations="mxfp8")

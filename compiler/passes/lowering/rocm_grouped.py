@@ -7,7 +7,8 @@ inner dims (an expert read with ``tensor.extract`` inside the reduction body is 
 "failed to distribute" at worst). So the slots are laid out in *row blocks*:
 
 1. *blocks* (small integer generics on the device, no weight traffic): ``counts[e]`` slots per expert, each
-   expert gets ``ceil(counts[e] / MB)`` blocks of ``MB`` rows, in expert order; ``pos[s]`` is slot ``s``'s row
+   expert gets ``ceil(counts[e] / MB)`` blocks of ``MB`` rows, in expert order (``MB`` = 16, or 64 where the slots
+   average 48 or more per expert: a host-side ``scf.if`` on T picks one of two compiled forms); ``pos[s]`` is slot ``s``'s row
    in that layout (its block times MB plus its rank among the expert's slots), ``rows[p]`` the activation row a
    block row reads (0 for an empty row), ``bexp[b]`` block ``b``'s expert. The number of blocks is the bound
    ``NB = m + (S - m) // MB`` (``S = T*k`` slots, ``m = min(E, S)``), computed on the host from T: no read back.
@@ -40,10 +41,14 @@ compiles for llvm-cpu (the tests check its numerics there).
 from __future__ import annotations
 
 from mxmoe.compiler.passes.lowering import mxfp4
-from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, to_f32_lines, tt
+from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
 
 #: rows per block: the M of the MFMA tiles (16x16xK) IREE picks; smaller M is a matvec without MFMA
 BLOCK_ROWS = 16
+#: rows per block when the slots average at least LARGE_BLOCK_MIN_ROWS per expert (prefill): each block reads and
+#: decodes its expert's whole weights, so 4x larger blocks read them 4x fewer times
+LARGE_BLOCK_ROWS = 64
+LARGE_BLOCK_MIN_ROWS = 48
 #: activation forms of the contraction (the pass option ``activations=``)
 ACTIVATIONS = ("bf16", "mxfp8")
 #: how the "bf16" form decodes the weights (the pass option ``decode=``): ``arith.scaling_extf`` (one hardware
@@ -105,16 +110,22 @@ def _blocks(b: Body, ids_flat: str, S: str, e: int, k: int, x_rank: int, NB: str
                      "%p0 = arith.muli %bs, %mb : i32", "%p1 = arith.addi %p0, %rk : i32", "%neg = arith.constant -1 : i32",
                      "%r = arith.select %valid, %p1, %neg : i32", "linalg.yield %r : i32"],
                   [("%vi", "i32"), ("%rk", "i32"), ("%o", "i32")])
-    # rows[p] = the activation row of the slot at block row p (0 where none): x row s / k, or s for a per-slot x
+    # the slot at block row p and its token row (0 where none): one table for every grouped matmul of the layer (the
+    # second one's is CSE'd away), each taking the row of its x (the token where x is shared by the k slots)
     P = b.v(f"arith.muli {NB}, {_idx(b, mb)} : index", "P")
-    src_row = ([f"%kk = arith.constant {k} : i32", "%row = arith.divui %si, %kk : i32"] if x_rank == 2
-               else ["%row = arith.addi %si, %zero : i32"])
-    rows = generic(b, [(pos, vec, amap(2, "d1"))], [(filled(b, [None], "i32", [P], "0"), vec, amap(2, "d0"))],
+    # (the slot table is i64: two i32 zero-filled outputs would be one fill, which the GPU backend fails to bufferize)
+    vec64 = tt([None], "i64")
+    both = generic(b, [(pos, vec, amap(2, "d1"))], [(filled(b, [None], "i64", [P], "0"), vec64, amap(2, "d0")),
+                                                     (filled(b, [None], "i32", [P], "0"), vec, amap(2, "d0"))],
                    ["parallel", "reduction"],
                    ["%ip = linalg.index 0 : index", "%is = linalg.index 1 : index", "%zero = arith.constant 0 : i32",
-                    "%p = arith.index_cast %ip : index to i32", "%si = arith.index_cast %is : index to i32", *src_row,
-                    "%hit = arith.cmpi eq, %ps, %p : i32", "%v = arith.select %hit, %row, %zero : i32",
-                    "%r = arith.addi %o, %v : i32", "linalg.yield %r : i32"], [("%ps", "i32"), ("%o", "i32")])
+                    "%p = arith.index_cast %ip : index to i32", "%si = arith.index_cast %is : index to i32",
+                    f"%kk = arith.constant {k} : i32", "%ti = arith.divui %si, %kk : i32",
+                    "%hit = arith.cmpi eq, %ps, %p : i32", "%v = arith.select %hit, %si, %zero : i32",
+                    "%v64 = arith.extui %v : i32 to i64", "%vt = arith.select %hit, %ti, %zero : i32",
+                    "%r = arith.addi %o, %v64 : i64", "%rt = arith.addi %ot, %vt : i32", "linalg.yield %r, %rt : i64, i32"],
+                   [("%ps", "i32"), ("%o", "i64"), ("%ot", "i32")], nres=2)
+    rows, row_el = (both + "#1", "i32") if x_rank == 2 else (both + "#0", "i64")
     # bexp[b] = #{e : bend[e] <= min(b, total - 1)}: block b's expert; blocks past the filled ones get the last
     # used expert (the count stops below it), no used expert at all gives 0
     total = b.v(f"tensor.extract_slice {bend}[{e - 1}] [1] [1] : {evec} to {tt([], 'i32')}", "tot")
@@ -125,9 +136,9 @@ def _blocks(b: Body, ids_flat: str, S: str, e: int, k: int, x_rank: int, NB: str
                     "%at = arith.minsi %bi, %last : i32", "%done = arith.cmpi sle, %be, %at : i32",
                     "%c = arith.extui %done : i1 to i32", "%r = arith.addi %o, %c : i32", "linalg.yield %r : i32"],
                    [("%be", "i32"), ("%tot", "i32"), ("%o", "i32")])
-    rows2 = b.v(f"tensor.expand_shape {rows} [[0, 1]] output_shape [{NB}, {mb}] : {vec} into {tt([None, mb], 'i32')}",
-                "rows")
-    return {"pos": pos, "rows": rows2, "bexp": bexp}
+    rows2 = b.v(f"tensor.expand_shape {rows} [[0, 1]] output_shape [{NB}, {mb}] : {tt([None], row_el)} into "
+                f"{tt([None, mb], row_el)}", "rows")
+    return {"pos": pos, "rows": rows2, "rows_el": row_el, "bexp": bexp}
 
 
 def _one_expert_blocks(b: Body, ids_flat: str, S: str, e: int, k: int, x_rank: int, NB: str, mb: int) -> dict[str, str]:
@@ -148,15 +159,16 @@ def _one_expert_blocks(b: Body, ids_flat: str, S: str, e: int, k: int, x_rank: i
                     f"%sl = arith.minsi %p, {last} : i32", *src_row, "linalg.yield %row : i32"], [("%o", "i32")])
     rows2 = b.v(f"tensor.expand_shape {rows} [[0, 1]] output_shape [{NB}, {mb}] : {vec} into {tt([None, mb], 'i32')}",
                 "rows")
-    return {"pos": pos, "rows": rows2, "bexp": filled(b, [None], "i32", [NB], "0")}
+    return {"pos": pos, "rows": rows2, "rows_el": "i32", "bexp": filled(b, [None], "i32", [NB], "0")}
 
 
-def _gather(b: Body, src: str, src_dims: list, idx: str, idx_dims: list, el: str, dyn: list[str]) -> str:
-    """``iree_linalg_ext.gather`` of whole slices of ``src`` along its dim 0 at the i32 ``idx``."""
+def _gather(b: Body, src: str, src_dims: list, idx: str, idx_dims: list, el: str, dyn: list[str],
+            idx_el: str = "i32") -> str:
+    """``iree_linalg_ext.gather`` of whole slices of ``src`` along its dim 0 at the integer ``idx``."""
     out_dims = idx_dims + src_dims[1:]
     out_t = tt(out_dims, el)
     return b.v(f"iree_linalg_ext.gather dimension_map = [0] ins({src}, {idx} : {tt(src_dims, el)}, "
-               f"{tt(idx_dims, 'i32')}) outs({empty(b, out_dims, el, dyn)} : {out_t}) -> {out_t}", "gth")
+               f"{tt(idx_dims, idx_el)}) outs({empty(b, out_dims, el, dyn)} : {out_t}) -> {out_t}", "gth")
 
 
 def _weights(b: Body, e: int, n: int, kb: int) -> tuple[str, str]:
@@ -225,20 +237,18 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
                    activations: str = "bf16", decode: str = "scaling_extf") -> str:
     """The f32 [T, k, N] result of the grouped matmul (+bias; 0 for a slot whose id is not in [0, E)).
 
-    Expects ``%ids``, ``%w``, ``%s`` (and ``%bias`` when ``bias_t``) in scope."""
+    Blocks of :data:`BLOCK_ROWS` rows, or of :data:`LARGE_BLOCK_ROWS` when the slots average at least
+    :data:`LARGE_BLOCK_MIN_ROWS` per expert (a host-side ``scf.if`` on T: each block reads and decodes its expert's
+    weights, so larger blocks read them fewer times). Expects ``%ids``, ``%w``, ``%s`` (and ``%bias`` when
+    ``bias_t``) in scope."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     if decode not in DECODES:
         raise ValueError(f"decode must be one of {', '.join(DECODES)}, got {decode!r}")
-    mb, kb = BLOCK_ROWS, kk // 32
+    kb = kk // 32
     xel = str(xt.element_type)
     S = b.v(f"arith.muli {T}, {_idx(b, k)} : index", "S")
-    # NB = m + (S - m) / mb with m = min(E, S): enough blocks for any routing
-    m = b.v(f"arith.minui {S}, {_idx(b, e)} : index", "m")
-    rest = b.v(f"arith.subi {S}, {m} : index", "rest")
-    NB = b.v(f"arith.addi {m}, {b.v(f'arith.divui {rest}, {_idx(b, mb)} : index', 'q')} : index", "NB")
     ids_flat = b.v(f"tensor.collapse_shape %ids [[0, 1]] : {tt([None, k], 'i32')} into {tt([None], 'i32')}", "idf")
-    blk = (_blocks if e > 1 else _one_expert_blocks)(b, ids_flat, S, e, k, xt.rank, NB, mb)
     # activation rows [R, KB, 32]: the tokens (x: T x K) or the slots (x: T x k x K)
     if xt.rank == 2:
         R, x2 = T, x
@@ -247,7 +257,30 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
         x2 = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xs")
     xr = b.v(f"tensor.expand_shape {x2} [[0], [1, 2]] output_shape [{R}, {kb}, 32] : {tt([None, kk], xel)} into "
              f"{tt([None, kb, 32], xel)}", "xr")
+    rows = (xr, xel) if activations == "bf16" else _quantize_mxfp8(b, xr, xel, R, kb)
     wf, sf = _weights(b, e, n, kb)
+    ys_t = tt([None, n], "f32")
+
+    def blocked(bb: Body, mb: int) -> str:
+        res = _blocked_matmul(bb, S, ids_flat, rows, xt.rank, k, e, n, kb, bias_t, wf, sf, activations, decode, mb)
+        return bb.v(f"flow.tensor.tie_shape {res} : {ys_t}{{{S}}}", "ys")
+
+    large = b.v(f"arith.cmpi uge, {S}, {_idx(b, LARGE_BLOCK_MIN_ROWS * e)} : index", "large")
+    res = scf_if(b, large, ys_t, lambda tb: blocked(tb, LARGE_BLOCK_ROWS), lambda eb: blocked(eb, BLOCK_ROWS), "ys")
+    res = b.v(f"flow.tensor.tie_shape {res} : {ys_t}{{{S}}}", "ys")
+    return b.v(f"tensor.expand_shape {res} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : {ys_t} into "
+               f"{tt([None, k, n], 'f32')}", "y")
+
+
+def _blocked_matmul(b: Body, S: str, ids_flat: str, rows: tuple[str, str], x_rank: int, k: int, e: int, n: int,
+                    kb: int, bias_t: str | None, wf: str, sf: str, activations: str, decode: str, mb: int) -> str:
+    """[S, N] f32 by slot through blocks of ``mb`` rows (steps 1-4 of the module docstring). ``rows``: the activation
+    rows [R, KB, 32] and their type ("bf16" form), or the MXFP8 values and scales (``_quantize_mxfp8``)."""
+    # NB = m + (S - m) / mb with m = min(E, S): enough blocks for any routing
+    m = b.v(f"arith.minui {S}, {_idx(b, e)} : index", "m")
+    rest = b.v(f"arith.subi {S}, {m} : index", "rest")
+    NB = b.v(f"arith.addi {m}, {b.v(f'arith.divui {rest}, {_idx(b, mb)} : index', 'q')} : index", "NB")
+    blk = (_blocks if e > 1 else _one_expert_blocks)(b, ids_flat, S, e, k, x_rank, NB, mb)
     gw = _gather(b, wf, [e, n, kb, 32], blk["bexp"], [None], "f4E2M1FN", [NB])
     gs = _gather(b, sf, [e, n, kb], blk["bexp"], [None], "f8E8M0FNU", [NB])
     out_t = tt([None, mb, n], "f32")
@@ -255,10 +288,11 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
     iters = ["parallel", "parallel", "parallel", "reduction", "reduction"]
     a_map, w_map, o_map = amap(5, "d0, d1, d3, d4"), amap(5, "d0, d2, d3, d4"), amap(5, "d0, d1, d2")
     w4t = tt([None, n, kb, 32], "f4E2M1FN")
+    ident4 = amap(4, "d0, d1, d2, d3")
     if activations == "bf16":
+        xr, xel = rows
         ct = compute_type(xel)
-        xg = _gather(b, xr, [None, kb, 32], blk["rows"], [None, mb], xel, [NB])
-        ident4 = amap(4, "d0, d1, d2, d3")
+        xg = _gather(b, xr, [None, kb, 32], blk["rows"], [None, mb], xel, [NB], blk["rows_el"])
         wd = generic(b, [(gw, w4t, ident4), (gs, tt([None, n, kb], "f8E8M0FNU"), amap(4, "d0, d1, d2"))],
                      [(empty(b, [None, n, kb, 32], ct, [NB]), tt([None, n, kb, 32], ct), ident4)], ["parallel"] * 4,
                      ([f"%d = arith.scaling_extf %wv, %sv : f4E2M1FN, f8E8M0FNU to {ct}"] if decode == "scaling_extf"
@@ -272,10 +306,9 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
         mm = generic(b, [(xg, tt([None, mb, kb, 32], xel), a_map), (wd, tt([None, n, kb, 32], ct), w_map)],
                      [(acc, out_t, o_map)], iters, body, [("%xv", xel), ("%wv", ct), ("%o", "f32")])
     else:
-        xq, xs = _quantize_mxfp8(b, xr, xel, R, kb)
-        xg = _gather(b, xq, [None, kb, 32], blk["rows"], [None, mb], "f8E4M3FN", [NB])
-        xgs = _gather(b, xs, [None, kb], blk["rows"], [None, mb], "f8E8M0FNU", [NB])
-        ident4 = amap(4, "d0, d1, d2, d3")
+        xq, xs = rows
+        xg = _gather(b, xq, [None, kb, 32], blk["rows"], [None, mb], "f8E4M3FN", [NB], blk["rows_el"])
+        xgs = _gather(b, xs, [None, kb], blk["rows"], [None, mb], "f8E8M0FNU", [NB], blk["rows_el"])
         w8 = generic(b, [(gw, w4t, ident4)],
                      [(empty(b, [None, n, kb, 32], "f8E4M3FN", [NB]), tt([None, n, kb, 32], "f8E4M3FN"), ident4)],
                      ["parallel"] * 4, _e2m1_to_e4m3_lines("%wv", "%r") + ["linalg.yield %r : f8E4M3FN"],
@@ -302,8 +335,6 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
                  f"%bv = tensor.extract %bias[%ei, %n] : {bias_t}",
                  *to_f32_lines("%bv", bel, "%bf"), "%yb = arith.addf %y, %bf : f32",
                  "%r = arith.select %valid, %yb, %fz : f32"]
-    res = generic(b, ins, [(empty(b, [None, n], "f32", [S]), tt([None, n], "f32"), amap(2, "d0, d1"))],
-                  ["parallel", "parallel"], body + ["linalg.yield %r : f32"],
-                  [("%p", "i32"), ("%id", "i32"), ("%o", "f32")])
-    return b.v(f"tensor.expand_shape {res} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : {tt([None, n], 'f32')} into "
-               f"{tt([None, k, n], 'f32')}", "y")
+    return generic(b, ins, [(empty(b, [None, n], "f32", [S]), tt([None, n], "f32"), amap(2, "d0, d1"))],
+                   ["parallel", "parallel"], body + ["linalg.yield %r : f32"],
+                   [("%p", "i32"), ("%id", "i32"), ("%o", "f32")])

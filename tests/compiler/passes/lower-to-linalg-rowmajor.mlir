@@ -36,14 +36,21 @@ func.func @shared(%x: tensor<?x64xbf16>, %ids: tensor<?x1xi32>, %w: tensor<1x96x
 }
 
 // CHECK: func.func private @[[MM]](%[[X:.+]]: tensor<?x64xbf16>, %[[IDS:.+]]: tensor<?x2xi32>, %[[W:.+]]: tensor<4x96x32xi8>, %[[S:.+]]: tensor<4x96x2xi8>) -> tensor<?x2x96xbf16>
-// Blocks: NB = m + (S - m) / 16 with m = min(E, S), from T on the host (no read back):
+// The packed bytes viewed as f4E2M1FN, the scales as f8E8M0FNU:
 // CHECK: %[[SL:.+]] = arith.muli %{{.+}}, %{{.+}} : index
-// CHECK: %[[M:.+]] = arith.minui %[[SL]], %{{.+}} : index
+// CHECK: %[[WF:.+]] = iree_tensor_ext.bitcast %{{.+}} : tensor<4x96x2x16xi8> -> tensor<4x96x2x32xf4E2M1FN>
+// CHECK: %[[SF:.+]] = iree_tensor_ext.bitcast %[[S]] : tensor<4x96x2xi8> -> tensor<4x96x2xf8E8M0FNU>
+// Blocks of 64 rows where the slots average 48 or more per expert (4 experts: 192 slots), else of 16 (a host-side
+// scf.if on T); NB = m + (S - m) / rows with m = min(E, S), from T on the host (no read back):
+// CHECK: %[[LARGE:.+]] = arith.cmpi uge, %[[SL]], %c192 : index
+// CHECK: scf.if %[[LARGE]] -> (tensor<?x96xf32>) {
+// CHECK: arith.minui %[[SL]], %{{.+}} : index
+// CHECK: iree_linalg_ext.gather dimension_map = [0] ins(%{{.+}}, %{{.+}} : tensor<?x2x32xbf16>, tensor<?x64xi32>) outs(%{{.+}} : tensor<?x64x2x32xbf16>)
+// CHECK: } else {
+// CHECK: arith.minui %[[SL]], %{{.+}} : index
 // Slots per expert, then each expert's first and last block:
 // CHECK: linalg.generic {{.+}}iterator_types = ["parallel", "reduction"]} ins(%{{.+}} : tensor<?xi32>) outs(%{{.+}} : tensor<4xi32>)
 // CHECK: linalg.generic {{.+}}iterator_types = ["parallel", "reduction"]} ins(%{{.+}} : tensor<4xi32>) outs(%{{.+}}, %{{.+}} : tensor<4xi32>, tensor<4xi32>)
-// CHECK: %[[WF:.+]] = iree_tensor_ext.bitcast %{{.+}} : tensor<4x96x2x16xi8> -> tensor<4x96x2x32xf4E2M1FN>
-// CHECK: %[[SF:.+]] = iree_tensor_ext.bitcast %[[S]] : tensor<4x96x2xi8> -> tensor<4x96x2xf8E8M0FNU>
 // CHECK: %[[GW:.+]] = iree_linalg_ext.gather dimension_map = [0] ins(%[[WF]], %[[BEXP:.+]] : tensor<4x96x2x32xf4E2M1FN>, tensor<?xi32>) outs(%{{.+}} : tensor<?x96x2x32xf4E2M1FN>)
 // CHECK: %[[GS:.+]] = iree_linalg_ext.gather dimension_map = [0] ins(%[[SF]], %[[BEXP]] : tensor<4x96x2xf8E8M0FNU>, tensor<?xi32>) outs(%{{.+}} : tensor<?x96x2xf8E8M0FNU>)
 // CHECK: %[[GX:.+]] = iree_linalg_ext.gather dimension_map = [0] ins(%{{.+}}, %{{.+}} : tensor<?x2x32xbf16>, tensor<?x16xi32>) outs(%{{.+}} : tensor<?x16x2x32xbf16>)
