@@ -73,21 +73,31 @@ def expert_dispatches(ks: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def main_loop(lines: list[str]) -> list[str]:
-    """The instructions of the loop with the most matrix instructions (the K loop), or [] when none loops."""
-    blocks: dict[str, list[str]] = {}
-    name = None
-    for line in lines:
+    """The instructions of the K loop: the innermost loop holding matrix instructions (a loop: a label and the branches
+    back to it; back edges that cross each other, as in a rotated loop, make one loop), the one with the most of them
+    where several are innermost; [] when nothing loops."""
+    labels, spans = {}, []
+    for j, line in enumerate(lines):
         label = re.match(r"^(\.LBB\w+):", line.strip())
         if label:
-            name = label.group(1)
-            blocks[name] = []
-        elif name:
-            blocks[name].append(line)
-    looping = {n: b for n, b in blocks.items()
-               if any("branch" in ln and re.search(rf"\s{re.escape(n)}$", ln.rstrip()) for ln in b)}
-    if not looping:
+            labels[label.group(1)] = j
+        elif "branch" in line and line.split()[-1] in labels:  # a label seen before: a backward branch
+            spans.append((labels[line.split()[-1]], j))
+    regions: list[list[int]] = []
+    for start, end in sorted(spans):
+        for r in regions:  # crossing (overlapping, neither inside the other): the same loop
+            if r[0] < start <= r[1] < end or start < r[0] <= end < r[1]:
+                r[0], r[1] = min(r[0], start), max(r[1], end)
+                break
+        else:
+            regions.append([start, end])
+    mfma = lambda r: sum("v_mfma" in ln for ln in lines[r[0]:r[1] + 1])  # noqa: E731
+    holding = [r for r in regions if mfma(r)]
+    inner = [r for r in holding if not any(o is not r and r[0] <= o[0] and o[1] <= r[1] for o in holding)]
+    if not inner:
         return []
-    return max(looping.values(), key=lambda b: sum("v_mfma" in ln for ln in b))
+    start, end = max(inner, key=mfma)
+    return lines[start + 1:end + 1]
 
 
 #: element type of a dispatch binding -> what it holds in an expert dispatch

@@ -248,8 +248,8 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
             y = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
-        mm = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations, decode)
-        y = _round(b, mm, [None, k, n], xel, [T])
+        # rounded to xel by slot inside each block-size branch (where it fuses into the read back)
+        y = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations, decode, round_to=xel)
     if v.name == "mxmoe.grouped_matmul":
         result, rt = _round(b, y, [None, k, n], xel, [T]) if rounded_to else y, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":

@@ -7,21 +7,21 @@ inner dims (an expert read with ``tensor.extract`` inside the reduction body is 
 "failed to distribute" at worst). So the slots are laid out in *row blocks*:
 
 1. *blocks* (small integer generics on the device, no weight traffic): ``counts[e]`` slots per expert, each
-   expert gets ``ceil(counts[e] / MB)`` blocks of ``MB`` rows, in expert order (``MB`` = 16, or 64 where the slots
-   average 48 or more per expert: a host-side ``scf.if`` on T picks one of two compiled forms); ``pos[s]`` is slot ``s``'s row
-   in that layout (its block times MB plus its rank among the expert's slots), ``rows[p]`` the activation row a
-   block row reads (0 for an empty row), ``bexp[b]`` block ``b``'s expert. The number of blocks is the bound
-   ``NB = m + (S - m) // MB`` (``S = T*k`` slots, ``m = min(E, S)``), computed on the host from T: no read back.
-   Blocks past the ones the routing fills (duplicate or -1 ids, or experts with a partial block) repeat the
-   last used expert, whose weights were just read.
+   expert gets ``ceil(counts[e] / MB)`` blocks of ``MB`` rows, in expert order (``MB`` = 16, or 64 where the
+   slots average 16 or more per expert: a host-side ``scf.if`` on T picks one of two compiled forms); ``pos[s]``
+   is slot ``s``'s row in that layout (its block times MB plus its rank among the expert's slots), ``rows[p]``
+   the activation row a block row reads (0 for an empty row), ``bexp[b]`` block ``b``'s expert. The number of
+   blocks is the bound ``NB = m + (S - m) // MB`` (``S = T*k`` slots, ``m = min(E, S)``), computed on the host
+   from T: no read back. Blocks past the ones the routing fills (duplicate or -1 ids, or experts with a partial
+   block) repeat the last used expert, whose weights were just read.
 2. *gather*: ``iree_linalg_ext.gather`` of the activation rows into ``[NB, MB, K/32, 32]`` and of each block's
    expert weights (packed bytes viewed as ``f4E2M1FN`` through ``iree_tensor_ext.bitcast``, scales as
    ``f8E8M0FNU``) into ``[NB, N, K/32, 32]`` / ``[NB, N, K/32]``.
 3. *contraction* over ``(block, row, n, kb, kk)``, in one of two forms (:data:`ACTIVATIONS`):
 
    * ``"bf16"`` (default): a producer generic dequantizes the gathered weights to the compute type (bf16 for
-     bf16 activations, f32 otherwise) with ``arith.scaling_extf``, exactly; the contraction reads both as block
-     arguments. IREE fuses the gathers, the decode and the contraction into one dispatch and feeds MFMA
+     bf16 activations, f32 otherwise), exactly, with ``arith.scaling_extf`` (gfx950 has an instruction for it)
+     or integer ops (:data:`DECODES`; gfx942); the contraction reads both as block arguments. IREE fuses the gathers, the decode and the contraction into one dispatch and feeds MFMA
      (``v_mfma_f32_*_bf16``); the dequantized weights only ever exist in registers.
    * ``"mxfp8"`` (gfx950's scaled MFMA): the activations are quantized per token to MXFP8 (e4m3 values, one
      e8m0 scale per 32, OCP MX rules: scale ``2^(floor(log2 amax) - 8)``, round to nearest even, saturated),
@@ -30,8 +30,8 @@ inner dims (an expert read with ``tensor.extract`` inside the reduction body is 
      ``addf(out, mulf(scaling_extf(a, as), scaling_extf(w, ws)))`` form IREE maps to
      ``v_mfma_scale_f32_*_f8f6f4``: the scales go to the instruction as they are stored.
 
-4. *unsort*: ``y[s] = out[pos[s]]`` (a gather of result rows), plus the expert's bias, 0 for an invalid slot;
-   the caller rounds and applies the fused epilogue.
+4. *unsort*: ``y[s] = out[pos[s]]`` (a gather of result rows), plus the expert's bias, 0 for an invalid slot,
+   rounded to the activation type (the reference's rounding point); the caller applies the fused epilogue.
 
 Work and weight traffic grow with the blocks the routing fills (at most ``NB``), never with E, and the
 weights are never materialized dequantized. Everything is plain linalg / IREE linalg_ext, so the same IR
@@ -41,14 +41,17 @@ compiles for llvm-cpu (the tests check its numerics there).
 from __future__ import annotations
 
 from mxmoe.compiler.passes.lowering import mxfp4
-from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
+from mxmoe.compiler.passes.lowering.text import (Body, amap, empty, filled, from_f32_lines, generic, scf_if,
+                                                 to_f32_lines, tt)
 
 #: rows per block: the M of the MFMA tiles (16x16xK) IREE picks; smaller M is a matvec without MFMA
 BLOCK_ROWS = 16
 #: rows per block when the slots average at least LARGE_BLOCK_MIN_ROWS per expert (prefill): each block reads and
-#: decodes its expert's whole weights, so 4x larger blocks read them 4x fewer times
+#: decodes its expert's whole weights, so larger blocks read them fewer times (at 16 rows an expert on average, about a
+#: third fewer blocks than 16-row ones; the extra matrix work of the padding rows stays below the weight traffic and
+#: the decode: benchmarks/amd_isa.py's roofline)
 LARGE_BLOCK_ROWS = 64
-LARGE_BLOCK_MIN_ROWS = 48
+LARGE_BLOCK_MIN_ROWS = 16
 #: activation forms of the contraction (the pass option ``activations=``)
 ACTIVATIONS = ("bf16", "mxfp8")
 #: how the "bf16" form decodes the weights (the pass option ``decode=``): ``arith.scaling_extf`` (one hardware
@@ -234,8 +237,9 @@ def _quantize_mxfp8(b: Body, xr: str, xel: str, R: str, kb: int) -> tuple[str, s
 
 
 def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t: str | None, T: str,
-                   activations: str = "bf16", decode: str = "scaling_extf") -> str:
-    """The f32 [T, k, N] result of the grouped matmul (+bias; 0 for a slot whose id is not in [0, E)).
+                   activations: str = "bf16", decode: str = "scaling_extf", round_to: str = "f32") -> str:
+    """The [T, k, N] result of the grouped matmul (+bias; 0 for a slot whose id is not in [0, E)): f32 sums rounded
+    once to ``round_to`` (the reference's rounding point).
 
     Blocks of :data:`BLOCK_ROWS` rows, or of :data:`LARGE_BLOCK_ROWS` when the slots average at least
     :data:`LARGE_BLOCK_MIN_ROWS` per expert (a host-side ``scf.if`` on T: each block reads and decodes its expert's
@@ -259,23 +263,25 @@ def grouped_matmul(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias_t:
              f"{tt([None, kb, 32], xel)}", "xr")
     rows = (xr, xel) if activations == "bf16" else _quantize_mxfp8(b, xr, xel, R, kb)
     wf, sf = _weights(b, e, n, kb)
-    ys_t = tt([None, n], "f32")
+    ys_t = tt([None, n], round_to)
 
     def blocked(bb: Body, mb: int) -> str:
-        res = _blocked_matmul(bb, S, ids_flat, rows, xt.rank, k, e, n, kb, bias_t, wf, sf, activations, decode, mb)
+        res = _blocked_matmul(bb, S, ids_flat, rows, xt.rank, k, e, n, kb, bias_t, wf, sf, activations, decode, mb,
+                              round_to)
         return bb.v(f"flow.tensor.tie_shape {res} : {ys_t}{{{S}}}", "ys")
 
     large = b.v(f"arith.cmpi uge, {S}, {_idx(b, LARGE_BLOCK_MIN_ROWS * e)} : index", "large")
     res = scf_if(b, large, ys_t, lambda tb: blocked(tb, LARGE_BLOCK_ROWS), lambda eb: blocked(eb, BLOCK_ROWS), "ys")
     res = b.v(f"flow.tensor.tie_shape {res} : {ys_t}{{{S}}}", "ys")
     return b.v(f"tensor.expand_shape {res} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : {ys_t} into "
-               f"{tt([None, k, n], 'f32')}", "y")
+               f"{tt([None, k, n], round_to)}", "y")
 
 
 def _blocked_matmul(b: Body, S: str, ids_flat: str, rows: tuple[str, str], x_rank: int, k: int, e: int, n: int,
-                    kb: int, bias_t: str | None, wf: str, sf: str, activations: str, decode: str, mb: int) -> str:
-    """[S, N] f32 by slot through blocks of ``mb`` rows (steps 1-4 of the module docstring). ``rows``: the activation
-    rows [R, KB, 32] and their type ("bf16" form), or the MXFP8 values and scales (``_quantize_mxfp8``)."""
+                    kb: int, bias_t: str | None, wf: str, sf: str, activations: str, decode: str, mb: int,
+                    round_to: str) -> str:
+    """[S, N] by slot, rounded to ``round_to``, through blocks of ``mb`` rows (steps 1-4 of the module docstring).
+    ``rows``: the activation rows [R, KB, 32] and their type ("bf16" form), or the MXFP8 values and scales."""
     # NB = m + (S - m) / mb with m = min(E, S): enough blocks for any routing
     m = b.v(f"arith.minui {S}, {_idx(b, e)} : index", "m")
     rest = b.v(f"arith.subi {S}, {m} : index", "rest")
@@ -335,6 +341,6 @@ def _blocked_matmul(b: Body, S: str, ids_flat: str, rows: tuple[str, str], x_ran
                  f"%bv = tensor.extract %bias[%ei, %n] : {bias_t}",
                  *to_f32_lines("%bv", bel, "%bf"), "%yb = arith.addf %y, %bf : f32",
                  "%r = arith.select %valid, %yb, %fz : f32"]
-    return generic(b, ins, [(empty(b, [None, n], "f32", [S]), tt([None, n], "f32"), amap(2, "d0, d1"))],
-                   ["parallel", "parallel"], body + ["linalg.yield %r : f32"],
-                   [("%p", "i32"), ("%id", "i32"), ("%o", "f32")])
+    body += from_f32_lines("%r", round_to, "%rr") + [f"linalg.yield %rr : {round_to}"]
+    return generic(b, ins, [(empty(b, [None, n], round_to, [S]), tt([None, n], round_to), amap(2, "d0, d1"))],
+                   ["parallel", "parallel"], body, [("%p", "i32"), ("%id", "i32"), ("%o", round_to)])

@@ -40,10 +40,10 @@ func.func @shared(%x: tensor<?x64xbf16>, %ids: tensor<?x1xi32>, %w: tensor<1x96x
 // CHECK: %[[SL:.+]] = arith.muli %{{.+}}, %{{.+}} : index
 // CHECK: %[[WF:.+]] = iree_tensor_ext.bitcast %{{.+}} : tensor<4x96x2x16xi8> -> tensor<4x96x2x32xf4E2M1FN>
 // CHECK: %[[SF:.+]] = iree_tensor_ext.bitcast %[[S]] : tensor<4x96x2xi8> -> tensor<4x96x2xf8E8M0FNU>
-// Blocks of 64 rows where the slots average 48 or more per expert (4 experts: 192 slots), else of 16 (a host-side
+// Blocks of 64 rows where the slots average 16 or more per expert (4 experts: 64 slots), else of 16 (a host-side
 // scf.if on T); NB = m + (S - m) / rows with m = min(E, S), from T on the host (no read back):
-// CHECK: %[[LARGE:.+]] = arith.cmpi uge, %[[SL]], %c192 : index
-// CHECK: scf.if %[[LARGE]] -> (tensor<?x96xf32>) {
+// CHECK: %[[LARGE:.+]] = arith.cmpi uge, %[[SL]], %c64 : index
+// CHECK: scf.if %[[LARGE]] -> (tensor<?x96xbf16>) {
 // CHECK: arith.minui %[[SL]], %{{.+}} : index
 // CHECK: iree_linalg_ext.gather dimension_map = [0] ins(%{{.+}}, %{{.+}} : tensor<?x2x32xbf16>, tensor<?x64xi32>) outs(%{{.+}} : tensor<?x64x2x32xbf16>)
 // CHECK: } else {
@@ -58,7 +58,7 @@ func.func @shared(%x: tensor<?x64xbf16>, %ids: tensor<?x1xi32>, %w: tensor<1x96x
 // CHECK: arith.scaling_extf %{{.+}}, %{{.+}} : f4E2M1FN, f8E8M0FNU to bf16
 // CHECK: linalg.generic {{.+}}iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]} ins(%[[GX]], %[[WD]] : tensor<?x16x2x32xbf16>, tensor<?x96x2x32xbf16>) outs(%{{.+}} : tensor<?x16x96xf32>)
 // CHECK-NEXT: ^bb0(%{{.+}}: bf16, %{{.+}}: bf16, %{{.+}}: f32):
-// Read back by slot (0 for an invalid one), rounded to bf16:
+// Read back by slot (0 for an invalid one), rounded to bf16 in the same generic:
 // CHECK: tensor.extract %{{.+}}[%{{.+}}, %{{.+}}] : tensor<?x96xf32>
 // CHECK: arith.truncf %{{.+}} : f32 to bf16
 // No host loop, no weight byte read inside a reduction:
