@@ -139,11 +139,13 @@ class CompiledModule:
 def compile_program(program, target: str | Target = "cpu", *,
                     extra_flags: Sequence[str] | None = None, interpret: bool = False, model: dict | None = None,
                     timings: dict[str, float] | None = None, deterministic: bool = False,
-                    batch_invariant: bool = False) -> CompiledModule:
+                    batch_invariant: bool = False, activations: str | None = None) -> CompiledModule:
     """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``; or several, as
     ``{entry name: ExportedProgram}``, into one module whose entries share one set of weights (the first is the
     default).
 
+    ``activations``: the form the expert GEMMs take the activations in, where the target has more than one
+    ("mxfp8" on rocm:gfx950: its scaled MFMA, docs/amd.md); default: as the layer has them.
     ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
     under Triton's interpreter on CPU tensors. ``deterministic=True``: the same input gives the same output bits
     on every call; ``batch_invariant=True`` (implies it): a token's output bits do not depend on the other tokens of
@@ -151,6 +153,8 @@ def compile_program(program, target: str | Target = "cpu", *,
     ``mxmoe.core.weights.moe_model_info``). ``mxmoe.compile`` (which also takes an ``nn.Module``) calls this.
     """
     tgt = get_target(target)
+    if activations is not None:
+        tgt = tgt.with_activations(activations)
     tgt.check_options(extra_flags=list(extra_flags or []), interpret=interpret)
     numerics = tgt.numerics_options(deterministic=bool(deterministic), batch_invariant=bool(batch_invariant))
     programs = program if isinstance(program, dict) else {"main": program}

@@ -69,6 +69,13 @@ class Target:
         """The manifest's ``target.numerics``: what the compiled module promises."""
         return {"numerics": {"deterministic": bool(deterministic), "batch_invariant": bool(batch_invariant)}}
 
+    def with_activations(self, activations: str) -> "Target":
+        """This target with the activation form ``activations`` (the compile option); "bf16" is every target's
+        default (the activations as the layer has them)."""
+        if activations != "bf16":
+            raise ValueError(f"target {self.name} takes activations='bf16' only, got {activations!r}")
+        return self
+
     def compile(self, module, parameters: Mapping[str, np.ndarray], *, extra_flags: Sequence[str] = (),
                 interpret: bool = False, timings: dict[str, float], default_entry: str = "main", **numerics):
         """The code of ``module`` (after :meth:`passes`): an ``IreeCode`` or a ``TritonCode``."""
@@ -166,13 +173,49 @@ class CpuTarget(IreeTarget):
 
 @dataclass(frozen=True)
 class RocmTarget(IreeTarget):
-    """An AMD GPU through IREE's HIP backend."""
+    """An AMD GPU through IREE's HIP backend: the row-major layout, lowered to row blocks fed to the matrix cores
+    (``compiler/passes/lowering/rocm_grouped.py``, docs/amd.md).
 
+    ``activations``: "bf16" (default: MXFP4 weights dequantized in registers to bf16, ``v_mfma_f32_*_bf16``) or
+    "mxfp8" (activations quantized to MXFP8 per token, the scaled MFMA ``v_mfma_scale_f32_*_f8f6f4`` of gfx950;
+    K padded to a multiple of :data:`SCALED_K`)."""
+
+    activations: str = "bf16"
     driver: ClassVar[str] = "hip"
+    #: the activation forms the lowering has, and the archs with a scaled MFMA (the "mxfp8" form)
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("bf16", "mxfp8")
+    SCALED_MFMA_ARCHS: ClassVar[tuple[str, ...]] = ("gfx950",)
+    #: the K of one scaled MFMA (16x16x128): K must be a multiple of it
+    SCALED_K: ClassVar[int] = 128
 
     @property
     def iree_flags(self) -> list[str]:
         return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
+
+    def with_activations(self, activations: str) -> "RocmTarget":
+        if activations not in self.ACTIVATIONS:
+            raise ValueError(f"target {self.name}: activations must be one of {', '.join(self.ACTIVATIONS)}, "
+                             f"got {activations!r}")
+        if activations == "mxfp8" and self.arch not in self.SCALED_MFMA_ARCHS:
+            raise ValueError(f"target {self.name}: activations='mxfp8' feeds the scaled MFMA of "
+                             f"{', '.join(self.SCALED_MFMA_ARCHS)}; {self.arch} has none (its bf16 MFMA takes the "
+                             "activations as they are)")
+        return self.replace(activations=activations)
+
+    #: the weight decode of the bf16 form by arch: gfx950 converts MXFP4 to bf16 in one instruction
+    #: (``arith.scaling_extf``); elsewhere integer ops are 4-5x fewer instructions than its expansion
+    HARDWARE_DECODE_ARCHS: ClassVar[tuple[str, ...]] = ("gfx950",)
+
+    def passes(self) -> Pipeline:
+        pad = self.pad_multiple
+        if self.activations == "mxfp8":
+            pad = int(np.lcm(pad, self.SCALED_K))
+        decode = "scaling_extf" if self.arch in self.HARDWARE_DECODE_ARCHS else "int"
+        return Target.passes(self.replace(pad_multiple=pad)) + [
+            ("mxmoe-lower-to-linalg", f"activations={self.activations},decode={decode}")]
+
+    def record(self, code, mlir: str = "") -> dict[str, Any]:
+        return {**super().record(code, mlir), "activations": self.activations}
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "random_mxfp4",
+    "mxfp8_round_trip",
 ]
 
 #: The 16 e2m1 code values, indexed by code (codes 8..15 are the negatives of 0..7; code 8 is -0).
@@ -275,3 +276,23 @@ def random_mxfp4(
     jitter = rng.integers(-scale_jitter, scale_jitter + 1, size=lead + (k // MXFP4_BLOCK,), dtype=np.int16)
     scales = np.clip(jitter + base, 0, 254).astype(np.uint8)
     return packed, scales
+
+
+#: e4m3's largest finite value and the exponent of its largest power of two (OCP MX: emax_elem)
+E4M3_MAX, E4M3_EMAX = 448.0, 8
+
+
+def mxfp8_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 values of ``x`` quantized to MXFP8 along its last axis (a multiple of 32) and back: per block of 32,
+    the e8m0 scale byte ``max(e - 8, 0)`` where ``e`` is the biased float32 exponent of the block's largest
+    magnitude (OCP MX: ``2^(floor(log2 amax) - emax_elem)``), each element divided by it, saturated to +-448 and
+    rounded to nearest even e4m3. The rocm targets' ``activations="mxfp8"`` form computes exactly this
+    (``compiler/passes/lowering/rocm_grouped.py``)."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    byte = np.maximum(((amax.view(np.int32) >> 23) & 0xFF) - E4M3_EMAX, 0)
+    inv = ((254 - byte) << 23).view(np.float32)          # 2^(127 - byte), a normal float32 for every byte
+    codes = np.clip(blocks * inv, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale = e8m0_to_float(byte.astype(np.uint8))
+    return (codes * scale).reshape(x.shape)

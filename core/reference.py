@@ -37,12 +37,16 @@ def _round(a: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype, *, entry: str = "layer",
                     router_logits: np.ndarray | None = None, topk_weights: np.ndarray | None = None,
-                    topk_ids: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
+                    topk_ids: np.ndarray | None = None, shared: bool = True, activations: str = "bf16") -> np.ndarray:
     """The reference MoE in numpy; returns float32 of ``x``'s shape ([T, H] or [B, S, H]).
 
     ``entry``: "layer" (the layer's own router), "monolithic" (``router_logits`` [T, E_global]) or "modular"
     (``topk_weights`` [T, k] and global ``topk_ids`` [T, k]). ``shared=False`` leaves the shared expert out (an
-    engine may run it elsewhere)."""
+    engine may run it elsewhere). ``activations="mxfp8"``: what a module compiled with that option computes: every
+    MXFP4 matmul reads its activations quantized to MXFP8 (``mxfp4.mxfp8_round_trip``)."""
+    if activations not in ("bf16", "mxfp8"):
+        raise ValueError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
+    quant = mxfp4.mxfp8_round_trip if activations == "mxfp8" else (lambda a: a)
     cfg, dt = weights.config, np.dtype(activation_dtype)
     shape = x.shape
     xs = _round(np.asarray(x, dtype=np.float32).reshape(-1, cfg.hidden), dt)
@@ -66,12 +70,12 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
         w = np.ones_like(w)
     else:
         x_in = xs
-    h = _grouped(x_in, ids, weights.w13, weights.w13_scale, weights.w13_bias, dt)      # [T, k, 2I]
+    h = _grouped(quant(x_in), ids, weights.w13, weights.w13_scale, weights.w13_bias, dt)      # [T, k, 2I]
     a = _round(glu(h, cfg, cfg.interleaved), dt)
-    y = _grouped(a, ids, weights.w2, weights.w2_scale, weights.w2_bias, dt)            # [T, k, H]
+    y = _grouped(quant(a), ids, weights.w2, weights.w2_scale, weights.w2_bias, dt)            # [T, k, H]
     out = _round((y * w[..., None].astype(np.float32)).sum(axis=1), dt)
     if shared and cfg.shared_intermediate:
-        out = _round(out + shared_expert(weights, xs, dt), dt)
+        out = _round(out + shared_expert(weights, xs, dt, quant), dt)
     return out.reshape(shape)
 
 
@@ -174,15 +178,18 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))).astype(np.float32)
 
 
-def shared_expert(weights: MoEWeights, xs: np.ndarray, dt: np.dtype) -> np.ndarray:
+def shared_expert(weights: MoEWeights, xs: np.ndarray, dt: np.dtype, quant=None) -> np.ndarray:
     """The shared expert's output [T, H] (rounded to ``dt``): a GLU MLP (gate rows then up rows) whose output is
     rounded like a routed expert's, then optionally scaled by ``sigmoid(x @ shared_gate_weight^T)`` (the gate's
-    logit rounded to ``dt`` as a linear layer in that dtype gives it, the product in fp32) and rounded again."""
+    logit rounded to ``dt`` as a linear layer in that dtype gives it, the product in fp32) and rounded again.
+    ``quant``: applied to the inputs of MXFP4 matmuls (see ``numpy_reference``'s ``activations``)."""
     w13, w2 = weights.shared_dequantized()
     if weights.config.shared_format == "bf16":
         w13, w2 = _round(w13, dt), _round(w2, dt)
-    a = _round(glu(_round(xs @ w13.T, dt), weights.config, interleaved=False), dt)
-    y = _round(a @ w2.T, dt)
+        quant = None
+    quant = quant or (lambda v: v)
+    a = _round(glu(_round(quant(xs) @ w13.T, dt), weights.config, interleaved=False), dt)
+    y = _round(quant(a) @ w2.T, dt)
     if weights.shared_gate_weight is None:
         return y
     return _round(y * _sigmoid(_round(xs @ _round(weights.shared_gate_weight, dt).T, dt)), dt)

@@ -90,7 +90,7 @@ def compile(source, target: str = "cpu", example_inputs: Sequence[Any] | None = 
     For an mxmoe :class:`MoE` layer, ``entries`` picks its entry points ("layer", "monolithic", "modular", or
     "all"; default: "layer", or "monolithic" and "modular" for a layer without a router): one compiled module
     whose entries share the weights. ``options`` go to :func:`mxmoe.compiler.api.compile_program` (``extra_flags``,
-    ``interpret``, ``deterministic``, ``batch_invariant``).
+    ``activations``, ``interpret``, ``deterministic``, ``batch_invariant``).
     """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -14,10 +14,13 @@ inlines it. The token count stays dynamic.
     host loop over the experts the routing actually picked, each expert's weights an ``extract_slice``
     of the parameter read once, the decode fused into a vectorized lane matvec (few rows) or done once
     per expert before a contraction (many rows).
-  - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the portable form: the
-    routed expert's packed bytes and scales are read with ``tensor.extract`` at ``ids[t, j]`` inside one
-    reduction generic, each e2m1 nibble decoded with integer ops to an f32 bit pattern and multiplied by
-    its block's e8m0 scale (also decoded exactly: byte 0 -> 2^-127, 0xFF -> NaN).
+  - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the row-block schedule of
+    ``lowering/rocm_grouped.py``: slots laid out by expert in blocks of 16 rows on the device, the activation
+    rows and each block's expert weights gathered (``iree_linalg_ext.gather``; packed bytes viewed as
+    ``f4E2M1FN``, scales as ``f8E8M0FNU``), the weights decoded by an all-parallel generic and multiplied by a
+    contraction generic whose operands are block arguments: the form IREE's GPU pipelines give to the matrix
+    cores (MFMA; with the pass option ``activations=mxfp8``, gfx950's scaled MFMA). The option ``decode=``
+    picks ``arith.scaling_extf`` or an integer decode (docs/amd.md).
 
   Either way work and weight traffic grow with tokens x top_k (at most the experts picked), never with
   the number of experts, and no dequantized weight tensor of all experts is ever materialized.
@@ -36,7 +39,7 @@ from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView, VerifyError, shape
-from mxmoe.compiler.passes.lowering import cpu_grouped, cpu_ukernel
+from mxmoe.compiler.passes.lowering import cpu_grouped, cpu_ukernel, rocm_grouped
 from mxmoe.compiler.passes.lowering.text import (Body, amap, empty, filled, from_f32_lines, generic, round_to,
                                                  to_f32_lines, tt)
 
@@ -46,29 +49,6 @@ NAME = "mxmoe-lower-to-linalg"
 # ------------------------------------------------------------------------------------ text helpers
 _tt, _Body, _map, _generic = tt, Body, amap, generic
 _to_f32_lines, _from_f32_lines, _empty, _filled, _round = to_f32_lines, from_f32_lines, empty, filled, round_to
-
-
-# ------------------------------------------------------------------------------- MXFP4 decode body
-def _decode_lines(code_i8: str, scale_i8: str, out: str) -> list[str]:
-    """e2m1 code (low 4 bits of an i8) times e8m0 scale byte -> f32 ``out``, exactly."""
-    return [
-        f"%q = arith.extui {code_i8} : i8 to i32",
-        "%k3 = arith.constant 3 : i32", "%k1 = arith.constant 1 : i32", "%k7 = arith.constant 7 : i32",
-        "%k22 = arith.constant 22 : i32", "%k23 = arith.constant 23 : i32", "%k31 = arith.constant 31 : i32",
-        "%k126 = arith.constant 126 : i32", "%khalf = arith.constant 1056964608 : i32", "%k0 = arith.constant 0 : i32",
-        "%sgn0 = arith.shrui %q, %k3 : i32", "%sgn1 = arith.andi %sgn0, %k1 : i32", "%sgn = arith.shli %sgn1, %k31 : i32",
-        "%mag = arith.andi %q, %k7 : i32", "%ex = arith.shrui %mag, %k1 : i32", "%man = arith.andi %mag, %k1 : i32",
-        "%exb0 = arith.addi %ex, %k126 : i32", "%exb = arith.shli %exb0, %k23 : i32", "%manb = arith.shli %man, %k22 : i32",
-        "%nrm = arith.ori %exb, %manb : i32", "%sub = arith.muli %man, %khalf : i32",
-        "%issub = arith.cmpi eq, %ex, %k0 : i32", "%mbits = arith.select %issub, %sub, %nrm : i32",
-        "%bits = arith.ori %mbits, %sgn : i32", "%val = arith.bitcast %bits : i32 to f32",
-        f"%sq = arith.extui {scale_i8} : i8 to i32", "%sb = arith.shli %sq, %k23 : i32",
-        "%kmin = arith.constant 4194304 : i32", "%knan = arith.constant 2143289344 : i32", "%k255 = arith.constant 255 : i32",
-        "%isz = arith.cmpi eq, %sq, %k0 : i32", "%isn = arith.cmpi eq, %sq, %k255 : i32",
-        "%sb1 = arith.select %isz, %kmin, %sb : i32", "%sb2 = arith.select %isn, %knan, %sb1 : i32",
-        "%scl = arith.bitcast %sb2 : i32 to f32",
-        f"{out} = arith.mulf %val, %scl : f32",
-    ]
 
 
 # ----------------------------------------------------------------------------------------- route
@@ -270,48 +250,6 @@ def _normalize(b: _Body, src: str, dims, T: str) -> str:
 
 
 # -------------------------------------------------------------------------------- grouped matmul
-def _matmul_body(b: _Body, x: str, xt: ir.RankedTensorType, k: int, w_t: str, s_t: str, n: int, kk: int,
-                 bias_t: str | None, T: str) -> str:
-    """Emit the f32 [T, k, N] result of the grouped matmul (+bias) into ``b``; returns its name. A slot whose
-    id is outside [0, E) reads expert 0's bytes (in bounds) and contributes zeros, bias included."""
-    xel = str(xt.element_type)
-    out_dims = [None, k, n]
-    acc = _filled(b, out_dims, "f32", [T], "0.0")
-    xmap = _map(4, "d0, d3") if xt.rank == 2 else _map(4, "d0, d1, d3")
-    ne = int(w_t.split("<", 1)[1].split("x", 1)[0])
-    valid = [f"%ne = arith.constant {ne} : i32", "%ok = arith.cmpi ult, %id, %ne : i32", "%i0 = arith.constant 0 : i32",
-             "%idc = arith.select %ok, %id, %i0 : i32", "%e = arith.index_cast %idc : i32 to index"]
-    body = [
-        "%n = linalg.index 2 : index", "%c = linalg.index 3 : index", *valid,
-        "%two = arith.constant 2 : index", "%k32 = arith.constant 32 : index",
-        "%bi = arith.divui %c, %two : index", "%blk = arith.divui %c, %k32 : index",
-        f"%byte = tensor.extract %w[%e, %n, %bi] : {w_t}",
-        f"%sbyte = tensor.extract %s[%e, %n, %blk] : {s_t}",
-        "%odd = arith.remui %c, %two : index", "%oddi = arith.index_cast %odd : index to i8",
-        "%four = arith.constant 4 : i8", "%sh = arith.muli %oddi, %four : i8",
-        "%hi = arith.shrui %byte, %sh : i8", "%m15 = arith.constant 15 : i8", "%code = arith.andi %hi, %m15 : i8",
-        *_decode_lines("%code", "%sbyte", "%wv"),
-        *_to_f32_lines("%xv", xel, "%xf"),
-        "%p0 = arith.mulf %xf, %wv : f32", "%f0 = arith.constant 0.0 : f32", "%p = arith.select %ok, %p0, %f0 : f32",
-        "%r = arith.addf %acc, %p : f32", "linalg.yield %r : f32",
-    ]
-    mm = _generic(b, [(x, str(xt), xmap), ("%ids", _tt([None, k], "i32"), _map(4, "d0, d1"))],
-                  [(acc, _tt(out_dims, "f32"), _map(4, "d0, d1, d2"))],
-                  ["parallel", "parallel", "parallel", "reduction"], body,
-                  [("%xv", xel), ("%id", "i32"), ("%acc", "f32")])
-    if bias_t is None:
-        return mm
-    bel = bias_t.rsplit("x", 1)[1].rstrip(">")
-    id3 = _map(3, "d0, d1, d2")
-    return _generic(b, [(mm, _tt(out_dims, "f32"), id3), ("%ids", _tt([None, k], "i32"), _map(3, "d0, d1"))],
-                    [(_empty(b, out_dims, "f32", [T]), _tt(out_dims, "f32"), id3)], ["parallel"] * 3,
-                    ["%n = linalg.index 2 : index", *valid,
-                     f"%bv = tensor.extract %bias[%e, %n] : {bias_t}", *_to_f32_lines("%bv", bel, "%bf0"),
-                     "%f0 = arith.constant 0.0 : f32", "%bf = arith.select %ok, %bf0, %f0 : f32",
-                     "%r = arith.addf %a, %bf : f32", "linalg.yield %r : f32"],
-                    [("%a", "f32"), ("%id", "i32"), ("%o", "f32")])
-
-
 def _input_lines(v: str, el_in: str, out: str, rounded_to: str | None) -> list[str]:
     """An epilogue's input ``v`` as f32 ``out``; ``rounded_to``: an f32 input first rounded to that type (the
     reference's rounding point), so that the rounding fuses into the epilogue instead of a pass of its own."""
@@ -408,7 +346,8 @@ def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str
     return _round(b, red, [None, h], rounded_to or yel, [T])
 
 
-def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]:
+def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations: str = "bf16",
+                 decode: str = "scaling_extf") -> list[str]:
     """The private function (and, with a cpu ``ukernel`` object, the microkernel's executable before it)."""
     ts = v.operand_types()
     has_bias = v.attr("has_bias")
@@ -446,8 +385,8 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None) -> list[str]
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
             y = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
-        mm = _matmul_body(b, "%x", x, k, str(w), str(s), n, kk, bias_t, T)
-        y = _round(b, mm, [None, k, n], xel, [T])
+        # rounded to xel by slot inside each block-size branch (where it fuses into the read back)
+        y = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations, decode, round_to=xel)
     if v.name == "mxmoe.grouped_matmul":
         result, rt = _round(b, y, [None, k, n], xel, [T]) if rounded_to else y, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
@@ -546,10 +485,10 @@ _EMITTERS = {
 }
 
 
-def _emit(fname: str, v: OpView, ukernel: str | None) -> list[str]:
+def _emit(fname: str, v: OpView, ukernel: str | None, activations: str, decode: str) -> list[str]:
     """Texts of the module-level ops that lower ``v`` (a function, after the executable it dispatches)."""
     if v.name.startswith("mxmoe.grouped_matmul"):
-        return _matmul_func(fname, v, ukernel)
+        return _matmul_func(fname, v, ukernel, activations, decode)
     return [_EMITTERS[v.name](fname, v)]
 
 LAYOUT_ATTR = dialect.LAYOUT_ATTR
@@ -577,20 +516,33 @@ def _signature_key(op: ir.Operation) -> str:
 
 
 def make(option: str | None):
-    """``ukernel=PATH``: link the cpu microkernel object at PATH (``mxmoe.kernels.cpu``) and use it for
-    the blocksplit layout's grouped matmuls with bf16/f16 activations; without it the pass emits linalg only."""
-    ukernel = None
-    if option:
+    """Options: ``ukernel=PATH`` (alone): link the cpu microkernel object at PATH (``mxmoe.kernels.cpu``) and use it
+    for the blocksplit layout's grouped matmuls with bf16/f16 activations; without it the pass emits linalg only.
+    ``activations=bf16|mxfp8`` and ``decode=scaling_extf|int`` (comma-separated): the row-major layout's contraction
+    form and weight decode (``lowering/rocm_grouped.py``)."""
+    ukernel, forms = None, {"activations": rocm_grouped.ACTIVATIONS[0], "decode": rocm_grouped.DECODES[0]}
+    choices = {"activations": rocm_grouped.ACTIVATIONS, "decode": rocm_grouped.DECODES}
+    expected = "'ukernel=PATH' or " + ",".join(f"'{key}={'|'.join(vals)}'" for key, vals in choices.items())
+    if option and option.strip().startswith("ukernel"):
         key, eq, value = option.partition("=")
-        if key.strip() != "ukernel" or not eq or not value.strip():
-            raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected 'ukernel=PATH')")
         ukernel = value.strip()
+        if not eq or not ukernel:
+            raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected {expected})")
         if '"' in ukernel or "\\" in ukernel:
             raise VerifyError(f"pass '{NAME}': the ukernel path may not contain quotes or backslashes: {ukernel}")
-    return lambda module_op: run(module_op, ukernel)
+    elif option:
+        for item in option.split(","):
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if key not in choices or not eq:
+                raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected {expected})")
+            if value not in choices[key]:
+                raise VerifyError(f"pass '{NAME}': {key} must be one of {', '.join(choices[key])}, got '{value}'")
+            forms[key] = value
+    return lambda module_op: run(module_op, ukernel, **forms)
 
 
-def run(module_op: ir.Operation, ukernel: str | None = None) -> None:
+def run(module_op: ir.Operation, ukernel: str | None = None, activations: str = "bf16",
+        decode: str = "scaling_extf") -> None:
     module_body = module_op.regions[0].blocks[0]
     emitted: set[str] = set()
     for op in dialect.walk_mxmoe(module_op):
@@ -599,7 +551,7 @@ def run(module_op: ir.Operation, ukernel: str | None = None) -> None:
         _check_layout(v)
         fname = op.name.replace(".", "_") + "_" + _signature_key(op)
         if fname not in emitted:
-            for text in _emit(fname, v, ukernel):
+            for text in _emit(fname, v, ukernel, activations, decode):
                 try:
                     parsed = ir.Operation.parse(text)
                 except Exception as exc:  # a bug in the emitter, not bad user input

@@ -118,3 +118,50 @@ def nibble_lines(byte_i8: str, half_index: str, out: str, p: str = "nb") -> list
 def scaling_extf_lines(f4: str, f8: str, out: str) -> list[str]:
     """The same value through ``arith.scaling_extf`` on f4E2M1FN / f8E8M0FNU elements."""
     return [f"{out} = arith.scaling_extf {f4}, {f8} : f4E2M1FN, f8E8M0FNU to f32"]
+
+
+def e8m0_value_lines(s_f8: str, out: str, p: str = "ev") -> list[str]:
+    """f32 value of the ``f8E8M0FNU`` scale ``s_f8`` with arith ops only (no ``math``: IREE clones a decode into
+    the consumer's dispatch only when its body has none): ``bits(b << 23 | 1 << 22) - bits(b << 23) / 2``, i.e.
+    ``2^(b-127)``, and ``2^-127`` for 0, NaN for 255, exactly (the idea of :func:`scale_lines`, its fma split)."""
+    return [
+        f"%{p}b8 = arith.bitcast {s_f8} : f8E8M0FNU to i8", f"%{p}q = arith.extui %{p}b8 : i8 to i32",
+        f"%{p}k23 = arith.constant 23 : i32", f"%{p}kbit = arith.constant 4194304 : i32",
+        f"%{p}kh = arith.constant -0.5 : f32", f"%{p}b = arith.shli %{p}q, %{p}k23 : i32",
+        f"%{p}b2 = arith.ori %{p}b, %{p}kbit : i32", f"%{p}v = arith.bitcast %{p}b : i32 to f32",
+        f"%{p}u = arith.bitcast %{p}b2 : i32 to f32", f"%{p}h = arith.mulf %{p}v, %{p}kh : f32",
+        f"{out} = arith.addf %{p}u, %{p}h : f32",
+    ]
+
+
+#: twice the e2m1 magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} as 4-bit fields of one i32, magnitude code m at bits 4m..4m+3
+E2M1_TWICE_LUT = 0xC8643210
+
+
+def e2m1_scaled_lines(f4: str, scale_f32: str, out: str, el: str, p: str = "eq") -> list[str]:
+    """``el`` (bf16 or f32) value of the ``f4E2M1FN`` element ``f4`` times the f32 ``scale_f32``, with integer ops, one
+    conversion and one multiply, exactly (the product has two significant bits: its bf16 is the top half of its f32).
+
+    Twice the magnitude is a 4-bit field of the constant :data:`E2M1_TWICE_LUT` (a shift and a mask: one bit-field
+    extract), converted to f32 and multiplied by half the scale; the sign bit is or-ed in. No intermediate subnormal
+    (only the scales 2^-127 and 2^-126 give subnormal weights, which a target running with denormals flushed, like
+    IREE's CPU, makes 0). Where the target has no instruction for ``arith.scaling_extf`` (gfx942) this is ~8 VALU
+    instructions a value against ~28 for its expansion."""
+    lines = [
+        f"%{p}n4 = arith.bitcast {f4} : f4E2M1FN to i4", f"%{p}q = arith.extui %{p}n4 : i4 to i32",
+        f"%{p}k7 = arith.constant 7 : i32", f"%{p}k2 = arith.constant 2 : i32", f"%{p}k8 = arith.constant 8 : i32",
+        f"%{p}k15 = arith.constant 15 : i32", f"%{p}k28 = arith.constant 28 : i32",
+        f"%{p}lut = arith.constant {E2M1_TWICE_LUT - (1 << 32)} : i32", f"%{p}kh = arith.constant 0.5 : f32",
+        f"%{p}mag = arith.andi %{p}q, %{p}k7 : i32", f"%{p}sh = arith.shli %{p}mag, %{p}k2 : i32",
+        f"%{p}l = arith.shrui %{p}lut, %{p}sh : i32", f"%{p}two = arith.andi %{p}l, %{p}k15 : i32",
+        f"%{p}tf = arith.uitofp %{p}two : i32 to f32", f"%{p}hs = arith.mulf {scale_f32}, %{p}kh : f32",
+        f"%{p}a = arith.mulf %{p}tf, %{p}hs : f32", f"%{p}ai = arith.bitcast %{p}a : f32 to i32",
+        f"%{p}sg = arith.andi %{p}q, %{p}k8 : i32", f"%{p}sb = arith.shli %{p}sg, %{p}k28 : i32",
+        f"%{p}vi = arith.ori %{p}ai, %{p}sb : i32",
+    ]
+    if el == "f32":
+        return lines + [f"{out} = arith.bitcast %{p}vi : i32 to f32"]
+    return lines + [
+        f"%{p}k16 = arith.constant 16 : i32", f"%{p}hi = arith.shrui %{p}vi, %{p}k16 : i32",
+        f"%{p}t16 = arith.trunci %{p}hi : i32 to i16", f"{out} = arith.bitcast %{p}t16 : i16 to {el}",
+    ]

@@ -7,7 +7,7 @@
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s --check-prefix=ROWMAJOR
 // A bad option is rejected by name:
 // RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg{object=/x.o}' 2>&1 | filecheck %s --check-prefix=BADOPT
-// BADOPT: error: pass 'mxmoe-lower-to-linalg': unknown option '{object=/x.o}' (expected 'ukernel=PATH')
+// BADOPT: error: pass 'mxmoe-lower-to-linalg': unknown option '{object=/x.o}' (expected 'ukernel=PATH' or
 
 util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w13"> : tensor<4x64x48xi8>
 util.global private @w13_scale {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w13_scale"> : tensor<4x64x3xi8>

@@ -1,0 +1,219 @@
+"""The ROCm targets, on a machine without an AMD GPU (docs/amd.md).
+
+* What the compiled modules run, read from the AMDGPU assembly IREE dumps (``mxmoe.compiler.rocm_isa``): the expert
+  GEMMs are MFMA (``v_mfma_f32_*_bf16``; gfx950 with ``activations="mxfp8"``: the scaled ``v_mfma_scale_f32_*_f8f6f4``),
+  never vector FMAs, and no dispatch of their own dequantizes weights (so no bf16 copy of them in global memory).
+* A grid of layer shapes (E, k, H, I: powers of two and not, small and model-sized) compiles for both archs, each
+  expert dispatch on the matrix cores; a shape the layer refuses is one line, never an iree-compile failure.
+* Numerics: the linalg each ROCm target emits, compiled for this CPU (``rocm_form_on_cpu``), against the reference:
+  the exact weight decodes of both archs, over every e2m1 code and scale, and the MXFP8 form against the reference
+  that quantizes the same way. (tests/torch_frontend/test_entries.py runs every interface feature on both archs'
+  bf16 forms.)
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import mxmoe
+from mxmoe.compiler import rocm_isa
+from mxmoe.compiler.targets import get_target
+from mxmoe.core import mxfp4
+from mxmoe.core.config import MoEConfig, PRESETS
+from mxmoe.core.reference import numpy_reference, relative_error
+from mxmoe.torch_frontend import MoE
+
+MFMA = {"bf16": r"\bv_mfma_f32_\d+x\d+x\d+_?bf16\b", "mxfp8": r"\bv_mfma_scale_f32_\d+x\d+x\d+_f8f6f4\b"}
+FORMS = [("gfx942", "bf16"), ("gfx950", "bf16"), ("gfx950", "mxfp8")]
+
+
+def _compile_dump(layer: MoE, arch: str, activations: str, tmp_path, **kw):
+    d = tmp_path / f"{arch}-{activations}"
+    cm = mxmoe.compile(layer, target=f"rocm:{arch}", activations=activations,
+                       extra_flags=[f"--iree-hal-dump-executable-files-to={d}"], **kw)
+    return cm, rocm_isa.kernels(d)
+
+
+def _check_matrix_cores(kernels: dict, activations: str, expected: int) -> dict:
+    """``expected`` expert dispatches (two per grouped matmul: 16-row and 64-row blocks), each running the expected
+    MFMA and no vector FMA; no dispatch decodes weights on its own."""
+    import re
+
+    experts = rocm_isa.expert_dispatches(kernels)
+    assert len(experts) == expected, f"expert dispatches: {[rocm_isa.short_name(k) for k in experts]}"
+    for name, lines in experts.items():
+        m = rocm_isa.mix(lines)
+        assert any(re.search(MFMA[activations], ln) for ln in lines), (rocm_isa.short_name(name), m)
+        assert m["vector_fma"] == 0, (rocm_isa.short_name(name), m)
+    assert not [k for k in kernels if "f4E2M1FN" in k and k not in experts], "a dispatch of its own decodes weights"
+    return experts
+
+
+@pytest.mark.parametrize("arch, activations", FORMS, ids=[f"{a}-{f}" for a, f in FORMS])
+def test_expert_gemms_run_on_the_matrix_cores(arch, activations, tmp_path):
+    """The ISA of a small layer (a shared expert too: its E=1 grouped matmuls): 4 grouped matmuls, each two expert
+    dispatches (blocks of 16 rows for few tokens, of 64 for many), each MFMA."""
+    layer = MoE.random(MoEConfig(num_experts=8, top_k=2, hidden=256, intermediate=128, shared_intermediate=128), seed=0)
+    cm, kernels = _compile_dump(layer, arch, activations, tmp_path)
+    experts = _check_matrix_cores(kernels, activations, expected=8)
+    assert cm.target.activations == activations and cm.target.record(cm.code)["activations"] == activations
+    # the packed weights are read in 4-byte loads or wider (16 bytes in gfx950's 16-row blocks), never byte by byte;
+    # the activations in 16-byte loads; the scales are one byte per 32 weights
+    loads = rocm_isa.binding_loads(tmp_path / f"{arch}-{activations}")
+    for name in experts:
+        got = loads[name]
+        assert min(got["weights"]) >= 4, (rocm_isa.short_name(name), got)
+        if activations == "bf16":
+            assert min(got["activations"]) == 16, (rocm_isa.short_name(name), got)
+        if arch == "gfx950" and activations == "bf16" and "_Dx16x" in name:
+            assert set(got["weights"]) == {16}, (rocm_isa.short_name(name), got)
+
+
+#: (E, k, H, I): odd sizes, powers of two, the model shapes that failed with "failed to distribute" before (Qwen3-30B-A3B,
+#: E=32 k=4 H=I=2048), gpt-oss-20b
+GRID = [(1, 1, 64, 64), (2, 1, 32, 32), (3, 2, 96, 160), (16, 4, 256, 128), (128, 8, 2048, 768), (32, 4, 2048, 2048),
+        (32, 4, 2880, 2880)]
+#: more model shapes (slow: iree-compile takes ~10 s each here)
+GRID_SLOW = [(60, 4, 2048, 1408), (128, 4, 2880, 2880), (8, 2, 4096, 14336), (64, 8, 7168, 2048),
+             (256, 8, 7168, 2048)]
+
+
+def _grid_case(shape, tmp_path):
+    e, k, h, i = shape
+    layer = MoE.random(MoEConfig(num_experts=e, top_k=k, hidden=h, intermediate=i), seed=0)
+    for arch in ("gfx942", "gfx950"):
+        _, kernels = _compile_dump(layer, arch, "bf16", tmp_path)
+        _check_matrix_cores(kernels, "bf16", expected=4)
+
+
+@pytest.mark.parametrize("shape", GRID, ids=[",".join(map(str, s)) for s in GRID])
+def test_shape_grid_compiles_for_both_archs(shape, tmp_path):
+    _grid_case(shape, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", GRID_SLOW, ids=[",".join(map(str, s)) for s in GRID_SLOW])
+def test_shape_grid_model_sized(shape, tmp_path):
+    _grid_case(shape, tmp_path)
+
+
+def test_scaled_form_at_gpt_oss_shape(tmp_path):
+    """K = 2880 is not a multiple of the scaled MFMA's 128: the mxfp8 form pads it (2944) and runs the scaled MFMA."""
+    layer = MoE.random(PRESETS["gpt-oss-20b"], seed=0)
+    cm, kernels = _compile_dump(layer, "gfx950", "mxfp8", tmp_path)
+    _check_matrix_cores(kernels, "mxfp8", expected=4)
+    assert any(f.padded_shape[-1] == 2944 // 2 for f in cm.stored_forms.values() if f.role == "values")
+
+
+def test_a_shape_the_layer_refuses_is_one_line():
+    with pytest.raises(ValueError, match=r"^MoEConfig: hidden=1000 is not a multiple of the MXFP4 block \(32\)$"):
+        MoEConfig(num_experts=64, top_k=6, hidden=1000, intermediate=320)
+
+
+def test_activation_option_errors():
+    with pytest.raises(ValueError, match=r"activations='mxfp8' feeds the scaled MFMA of gfx950; gfx942 has none"):
+        get_target("rocm:gfx942").with_activations("mxfp8")
+    with pytest.raises(ValueError, match="activations must be one of bf16, mxfp8, got 'fp4'"):
+        get_target("rocm:gfx950").with_activations("fp4")
+    with pytest.raises(ValueError, match="target cpu takes activations='bf16' only"):
+        mxmoe.compile(MoE.random(PRESETS["tiny"], seed=0), target="cpu", activations="mxfp8")
+    assert get_target("rocm:gfx950").with_activations("mxfp8").passes()[3] == ("mxmoe-pad", "128")
+
+
+# ----------------------------------------------------------------------------------------------- numerics (CPU)
+class _GroupedMatmul(torch.nn.Module):
+    def __init__(self, w, s):
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("s", s)
+
+    def forward(self, x, ids):
+        return torch.ops.mxmoe.mxfp4_grouped_matmul(x, ids, self.w, self.s, None)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_weight_decode_is_exact_for_every_code_and_scale(arch, rocm_form_on_cpu):
+    """Expert 1 holds every e2m1 code (twice per row) under every scale byte 2..250 (one per row); 32 one-hot tokens
+    read its dequantized weights back through the row blocks, the decode (gfx942: integer ops; gfx950:
+    ``arith.scaling_extf``) and the contraction: bit-exact bf16. (Bytes 0 and 1 make subnormal weights, which this
+    CPU flushes; 251..254 overflow into inf for the large codes; 255 is NaN: refused at compile time.)"""
+    import mxmoe.torch_frontend.ops  # noqa: F401  (registers the ops)
+
+    scales = np.arange(2, 251, dtype=np.uint8)
+    n = len(scales)
+    codes = np.tile(np.arange(16, dtype=np.uint8), 2)
+    row = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
+    w = np.zeros((2, n, 16), np.uint8)
+    w[1] = row
+    s = np.full((2, n, 1), 127, np.uint8)
+    s[1, :, 0] = scales
+    x = torch.eye(32, dtype=torch.bfloat16)
+    ids = torch.ones(32, 1, dtype=torch.int32)
+    module = _GroupedMatmul(torch.from_numpy(w), torch.from_numpy(s))
+    cm = mxmoe.compile(module, target=rocm_form_on_cpu(arch), example_inputs=(x, ids))
+    out = cm(x, ids).float().numpy()[:, 0, :].T                                   # [n, 32]
+    ref = mxfp4.dequantize(w[1], s[1]).astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_large_blocks_match_the_reference(arch, rocm_form_on_cpu):
+    """Enough tokens for the 64-row blocks (slots >= 48 per expert), with another rank's experts (-1 ids), biases and
+    a gated shared expert, and a routing that leaves experts idle and piles tokens on others."""
+    from mxmoe.compiler.passes.lowering import rocm_grouped
+
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden=128, intermediate=96, global_num_experts=12, shared_intermediate=64,
+                    shared_gate=True)
+    layer = MoE.random(cfg, seed=5)
+    cm = mxmoe.compile(layer, target=rocm_form_on_cpu(arch), entries=["modular"])
+    t = rocm_grouped.LARGE_BLOCK_MIN_ROWS * cfg.num_experts // cfg.top_k + 5
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(t, cfg.hidden, generator=g).bfloat16()
+    w = torch.rand(t, cfg.top_k, generator=g) + 0.05
+    ids = torch.randint(0, 5, (t, cfg.top_k), generator=g, dtype=torch.int32) * 2  # even global ids only
+    ids[::3, 1] = 11                                                                # often another rank's expert
+    err = relative_error(cm.entry("modular")(x, w, ids).float().numpy(), layer.modular(x, w, ids).float().numpy())
+    assert err <= 2e-2, err
+
+
+MXFP8_FEATURES = {
+    "plain": {},
+    "expert-parallel": dict(global_num_experts=20),
+    "weight-on-input": dict(top_k=1, apply_router_weight_on_input=True),
+    "shared-mxfp4-gate": dict(shared_intermediate=64, shared_gate=True, routing="softmax_topk", renormalize=True),
+}
+
+
+@pytest.mark.parametrize("feature", list(MXFP8_FEATURES))
+def test_mxfp8_form_matches_its_reference(feature, rocm_form_on_cpu):
+    """The gfx950 mxfp8 form computes what ``numpy_reference(activations="mxfp8")`` says (each MXFP4 matmul's
+    activations quantized to MXFP8), and stays within the documented distance of the bf16 reference."""
+    cfg = MoEConfig(**{**dict(num_experts=8, top_k=2, hidden=256, intermediate=128, activation="silu",
+                               interleaved=False), **MXFP8_FEATURES[feature]})
+    layer = MoE.random(cfg, seed=3)
+    cm = mxmoe.compile(layer, target=rocm_form_on_cpu("gfx950", "mxfp8"))
+    w8 = layer.to_weights()
+    for t in (1, 7, 33, 200):
+        x = torch.randn(t, cfg.hidden, generator=torch.Generator().manual_seed(t)).bfloat16()
+        out = cm(x).float().numpy()
+        ref8 = numpy_reference(w8, x.float().numpy(), ml_dtypes.bfloat16, activations="mxfp8")
+        ref = numpy_reference(w8, x.float().numpy(), ml_dtypes.bfloat16)
+        assert relative_error(out, ref8) <= 1e-2, (t, relative_error(out, ref8))
+        assert relative_error(out, ref) <= 0.1, (t, relative_error(out, ref))
+
+
+def test_mxfp8_round_trip():
+    """OCP MX rules: scale 2^(floor(log2 amax) - 8), elements rounded to nearest even e4m3, saturated at 448."""
+    x = np.zeros((3, 32), np.float32)
+    x[0] = np.linspace(-3, 3, 32)
+    x[0, 31] = 5.0                   # amax 5: scale 2^(2 - 8); 5 * 2^6 = 320 <= 448
+    x[1] = 1e-3                      # scale 2^(-10 - 8); 1e-3 * 2^18 = 262.1 -> 256 (e4m3 steps of 32 there)
+    x[2] = 7.5                       # amax 7.5: scale 2^(2 - 8); 7.5 * 2^6 = 480 saturates to 448
+    y = mxfp4.mxfp8_round_trip(x)
+    scale = 2.0 ** -6
+    assert np.array_equal(y[0], (x[0] / scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale)
+    assert np.all(y[1] == 256 * 2.0 ** -18) and np.all(y[2] == 448 * scale)
+    assert np.abs(y[0] - x[0]).max() <= 2.0 ** -4 * np.abs(x[0]).max()
