@@ -9,6 +9,9 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
       [--peer build/peers]     # triton_kernels (vLLM's Hopper MXFP4 MoE), timed in the same run
   # where one forward's time goes inside that graph (per launch: start, duration, gap; CUPTI)
   python benchmarks/gpu_moe.py --plans build/gpu_plans --timeline --tokens 1,8,64
+  # the cost of the routing issue's options: build and time bundles compiled with one (docs/routing.md)
+  python benchmarks/gpu_moe.py --build build/gpu_plans --numerics batch_invariant
+  python benchmarks/gpu_moe.py --plans build/gpu_plans --numerics batch_invariant
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
 of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
@@ -42,9 +45,15 @@ def model_config(name: str):
     return preset(name)
 
 
+#: the compile option the bundles are built with and timed under (--numerics): "" (default), "deterministic" or
+#: "batch_invariant" (docs/routing.md); a bundle built with one is named MODEL+OPTION
+NUMERICS = ""
+
+
 def bundle_name(name: str) -> str:
-    """The plan bundle's folder for a model: the preset's name, or ``shape-E-k-H-I``."""
-    return "shape-" + name.replace(",", "-") if "," in name else name
+    """The plan bundle's folder for a model: the preset's name, or ``shape-E-k-H-I`` (+ the numerics option)."""
+    base = "shape-" + name.replace(",", "-") if "," in name else name
+    return base + (f"+{NUMERICS}" if NUMERICS else "")
 
 
 # ------------------------------------------------------------------------------------------ build
@@ -59,7 +68,8 @@ def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) ->
         # Plans depend only on shapes and semantics: a small-seeded random layer of the right shape.
         name = bundle_name(model)
         layer = MoE.random(model_config(model), seed=0)
-        cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),))
+        cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),),
+                           **({NUMERICS: True} if NUMERICS else {}))
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
         for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
@@ -440,6 +450,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", metavar="DIR", help="folder holding triton_kernels/ (the Hopper peer, timed in the same "
                                                    "run: bash ../shared/peers/get_triton_kernels.sh DIR)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--numerics", choices=["", "deterministic", "batch_invariant"], default="",
+                    help="build / time the bundles compiled with this option (docs/routing.md)")
     ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
     ap.add_argument("--no-baseline", action="store_true", help="skip timing the torch baseline (tile sweeps)")
     ap.add_argument("--breakdown", action="store_true", help="time each kernel launch instead of the table")
@@ -449,6 +461,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(";") if m]
+    global NUMERICS
+    NUMERICS = args.numerics
     if args.build:
         variants = [[(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]
                     for v in args.variants.split(";") if v]

@@ -79,7 +79,7 @@ def test_empty_example_inputs_is_a_clear_error(moe):
     (lambda m: ops.mxfp4_grouped_matmul(torch.randn(2, H), torch.zeros(2, 2, dtype=torch.int32),
                                         m.w13, m.w13_scale, m.w2_bias), "bias must be"),
     (lambda m: ops.glu(torch.randn(2, 5), "silu", 1.0, 7.0, True), "last dim must be even"),
-    (lambda m: ops.glu(torch.randn(2, 4), "gelu", 1.0, 7.0, True), "activation must be one of"),
+    (lambda m: ops.glu(torch.randn(2, 4), "relu", 1.0, 7.0, True), "activation must be one of"),
     (lambda m: ops.combine(torch.randn(2, 3, 4), torch.randn(2, 2)), r"weights must be \[T, k\]"),
 ])
 def test_custom_ops_reject_bad_inputs_by_name(moe, call, match):
