@@ -224,6 +224,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
     import torch
     import torch.nn.functional as F
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -P leaves the script's folder out
     from peer_triton_kernels import load as load_peer
 
     from mxmoe.runtime.triton_executor import TritonExecutor

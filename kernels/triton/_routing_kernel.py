@@ -103,16 +103,27 @@ def _router_w(w_ptr, h, h_mask, HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr,
 
 
 @triton.jit
-def _router_mm(x, w, IEEE_FP32: tl.constexpr):
+def _runtime_zero(num_tokens):
+    """0.0 that the compiler cannot prove zero (``num_tokens`` is never negative): the router chunks' accumulators
+    start from it. Triton folds ``acc + dot(x, w, 0)`` into ``dot(x, w, acc)`` when the dot's accumulator is a
+    constant zero, which sums the chunk's products onto ``acc`` inside the MMA: other bits than the chunk's sum
+    added to ``acc``, which is what the few-token classes compute (their chunks are other programs' partial sums).
+    Seen on an H100: the issue's token 3467 routed differently in a batch of 4096 than alone."""
+    return (num_tokens < 0).to(tl.float32)
+
+
+@triton.jit
+def _router_mm(x, w, IEEE_FP32: tl.constexpr, zero):
     """One router chunk: x [16, BLOCK_H] @ w [BLOCK_H, EXPERTS_POW2] into a fresh fp32 accumulator. bf16 operands
     are upcast and multiplied with a tf32 dot (bf16 values are exact in tf32, so products are the bf16 products,
     summed in fp32; Triton 3.9's interpreter also mis-multiplies bf16 dots); fp32 layers use an IEEE dot. Every
     class computes every chunk of every token with this one call on a 16-row tile (the MMA's own rows: the same
     instruction sequence for a token whatever the tile it sits in), which is what makes a token's logits the same
-    bits in every batch (docs/routing.md)."""
+    bits in every batch (docs/routing.md). ``zero``: :func:`_runtime_zero`."""
+    acc = tl.zeros([x.shape[0], w.shape[1]], tl.float32) + zero  # never a constant zero: see _runtime_zero
     if IEEE_FP32:
-        return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-    return tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="tf32")
+        return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="tf32")
 
 
 @triton.jit
@@ -128,13 +139,14 @@ def _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens,
     hb = tl.arange(0, BLOCK_H)
     h = split * H_PER_SPLIT + hb
     h_mask = (h < HIDDEN) & (hb < H_PER_SPLIT)
+    zero = _runtime_zero(num_tokens)
     acc = _router_mm(_router_x(x_ptr, rows, h, h_mask, HIDDEN),
-                     _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32)
+                     _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32, zero)
     for h0 in range(BLOCK_H, H_PER_SPLIT, BLOCK_H):
         h = split * H_PER_SPLIT + h0 + hb
         h_mask = (h < HIDDEN) & (h0 + hb < H_PER_SPLIT)
         acc += _router_mm(_router_x(x_ptr, rows, h, h_mask, HIDDEN),
-                          _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32)
+                          _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2), IEEE_FP32, zero)
     out = partial_ptr + (split.to(tl.int64) * num_tokens + tokens.to(tl.int64))[:, None] * EXPERTS_POW2 \
         + experts[None, :]
     tl.store(out, acc, mask=(tokens < num_tokens)[:, None])
@@ -184,16 +196,17 @@ def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_
     acc2 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
     acc3 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
     hb = tl.arange(0, BLOCK_H)
+    zero = _runtime_zero(num_tokens)
     for c in range(0, (HIDDEN + H_PER_SPLIT - 1) // H_PER_SPLIT):
         h = c * H_PER_SPLIT + hb
         h_mask = (h < HIDDEN) & (hb < H_PER_SPLIT)
         w = _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2)
-        acc0 += _router_mm(_router_x(x_ptr, r0, h, h_mask, HIDDEN), w, IEEE_FP32)
+        acc0 += _router_mm(_router_x(x_ptr, r0, h, h_mask, HIDDEN), w, IEEE_FP32, zero)
         if SUB_BLOCKS > 1:
-            acc1 += _router_mm(_router_x(x_ptr, r1, h, h_mask, HIDDEN), w, IEEE_FP32)
+            acc1 += _router_mm(_router_x(x_ptr, r1, h, h_mask, HIDDEN), w, IEEE_FP32, zero)
         if SUB_BLOCKS > 2:
-            acc2 += _router_mm(_router_x(x_ptr, r2, h, h_mask, HIDDEN), w, IEEE_FP32)
-            acc3 += _router_mm(_router_x(x_ptr, r3, h, h_mask, HIDDEN), w, IEEE_FP32)
+            acc2 += _router_mm(_router_x(x_ptr, r2, h, h_mask, HIDDEN), w, IEEE_FP32, zero)
+            acc3 += _router_mm(_router_x(x_ptr, r3, h, h_mask, HIDDEN), w, IEEE_FP32, zero)
     _logits_to_routing(acc0, b_ptr, t0, t0 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
                        EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
                        HAS_MAP)

@@ -323,3 +323,26 @@ def test_scale_range_picks_the_hopper_decode_and_the_executor_holds_weights_to_i
               for g, spec in small.kernel_plan["parameters"].items()}
     with pytest.raises(PlanError, match="scale byte 200 > 128"):
         TritonExecutor(small.kernel_plan, params, mode="interpret")
+
+
+def test_router_chunks_are_summed_outside_the_mma():
+    """Every router dot starts from the one runtime zero (kernels/triton/_routing_kernel.py ``_runtime_zero``), never
+    from a running sum: Triton folds ``acc + dot(x, w, 0)`` into ``dot(x, w, acc)``, which on a GPU gave the
+    many-token classes other logits than the few-token ones (a token's experts then depended on its batch). Read
+    from the TTGIR Triton makes for sm_90, so it fails here, without a GPU, if the fold comes back."""
+    import re
+
+    from mxmoe.kernels.triton.aot import compile_entry
+    from mxmoe.kernels.triton.kernel_plan import KernelPlan
+
+    plan = mxmoe.compile(MoE.random(_cfg(E=16, k=3, H=320), seed=0), target="cuda:sm_90", interpret=True).kernel_plan
+    kp = KernelPlan.from_dict(plan)
+    routers = [n for n, k in plan["kernels"].items() if k["kernel"].startswith("router")]
+    assert {plan["kernels"][n]["kernel"] for n in routers} >= {"router_route", "router_route_group"}
+    for name in routers:
+        ttgir = compile_entry(kp, name, 90).asm["ttgir"]
+        accs = re.findall(r"= tt\.dot %[\w.]+, %[\w.]+, (%[\w.]+)", ttgir)
+        assert accs, name
+        assert len(set(accs)) == 1 and not accs[0].startswith("%arg"), (name, accs)
+        init = re.search(rf"{re.escape(accs[0])} = (\S+)", ttgir).group(1)
+        assert init in ("arith.addf", "tt.splat"), (name, init)  # the runtime zero: not a constant, not a loop value
