@@ -61,7 +61,8 @@ def test_gpu_shape_fuzz_every_class_boundary(shape, near_tie_tokens):
         bad = ((out - ref).abs() > 0.02 * scale + 0.02 * ref.abs()).any(dim=1) & ~ties
         assert not bad.any(), (f"{shape} T={T}: {int(bad.sum())} rows off beyond bf16 tolerance without a near tie, "
                                f"first {torch.nonzero(bad).flatten()[:5].tolist()}")
-        assert ((out - ref).norm() / ref.norm()).item() < 1e-2, T
+        free = ~ties  # a near-tie row that took the other expert is an O(1) error of its own: not in the norm
+        assert ((out - ref)[free].norm() / ref[free].norm()).item() < 1e-2, T
         # the same tokens alone route the same (bitwise equal routing gives outputs within rounding)
         rows = torch.arange(0, T, max(1, T // 7), device="cuda")[:8]
         alone = torch.stack([cm(x[r:r + 1])[0] for r in rows.tolist()]).float()
