@@ -10,7 +10,7 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   # where one forward's time goes inside that graph (per launch: start, duration, gap; CUPTI)
   python benchmarks/gpu_moe.py --plans build/gpu_plans --timeline --tokens 1,8,64
   # the cost of the routing issue's options: build and time bundles compiled with one (docs/routing.md)
-  python benchmarks/gpu_moe.py --build build/gpu_plans --numerics batch_invariant
+  python benchmarks/gpu_moe.py --build build/gpu_plans --numerics batch_invariant   # or nondeterministic
   python benchmarks/gpu_moe.py --plans build/gpu_plans --numerics batch_invariant
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
@@ -45,9 +45,11 @@ def model_config(name: str):
     return preset(name)
 
 
-#: the compile option the bundles are built with and timed under (--numerics): "" (default), "deterministic" or
-#: "batch_invariant" (docs/routing.md); a bundle built with one is named MODEL+OPTION
+#: the compile option the bundles are built with and timed under (--numerics): "" (the target's default:
+#: deterministic), "nondeterministic" (deterministic=False: fp32 atomics) or "batch_invariant" (docs/routing.md);
+#: a bundle built with one is named MODEL+OPTION
 NUMERICS = ""
+NUMERICS_OPTIONS = {"": {}, "nondeterministic": {"deterministic": False}, "batch_invariant": {"batch_invariant": True}}
 
 
 def bundle_name(name: str) -> str:
@@ -69,7 +71,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) ->
         name = bundle_name(model)
         layer = MoE.random(model_config(model), seed=0)
         cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),),
-                           **({NUMERICS: True} if NUMERICS else {}))
+                           **NUMERICS_OPTIONS[NUMERICS])
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
         for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
@@ -451,7 +453,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", metavar="DIR", help="folder holding triton_kernels/ (the Hopper peer, timed in the same "
                                                    "run: bash ../shared/peers/get_triton_kernels.sh DIR)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    ap.add_argument("--numerics", choices=["", "deterministic", "batch_invariant"], default="",
+    ap.add_argument("--numerics", choices=list(NUMERICS_OPTIONS), default="",
                     help="build / time the bundles compiled with this option (docs/routing.md)")
     ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
     ap.add_argument("--no-baseline", action="store_true", help="skip timing the torch baseline (tile sweeps)")

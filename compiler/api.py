@@ -138,7 +138,7 @@ class CompiledModule:
 
 def compile_program(program, target: str | Target = "cpu", *,
                     extra_flags: Sequence[str] | None = None, interpret: bool = False, model: dict | None = None,
-                    timings: dict[str, float] | None = None, deterministic: bool = False,
+                    timings: dict[str, float] | None = None, deterministic: bool | None = None,
                     batch_invariant: bool = False, activations: str | None = None) -> CompiledModule:
     """Compile an ``ExportedProgram`` (mxmoe custom ops inside, token dims dynamic) for ``target``; or several, as
     ``{entry name: ExportedProgram}``, into one module whose entries share one set of weights (the first is the
@@ -148,7 +148,8 @@ def compile_program(program, target: str | Target = "cpu", *,
     ("mxfp8" on rocm:gfx950: its scaled MFMA, docs/amd.md); default: as the layer has them.
     ``interpret=True`` (cuda targets only): skip the cubins; the module runs the plan's Triton kernels
     under Triton's interpreter on CPU tensors. ``deterministic=True``: the same input gives the same output bits
-    on every call; ``batch_invariant=True`` (implies it): a token's output bits do not depend on the other tokens of
+    on every call (None: the target's default; the cuda and cpu targets are deterministic unless told
+    ``deterministic=False``); ``batch_invariant=True`` (implies it): a token's output bits do not depend on the other tokens of
     its batch (docs/routing.md; what each target does for them, and what it records, is the target's). ``model`` describes the layer for reference checks (see
     ``mxmoe.core.weights.moe_model_info``). ``mxmoe.compile`` (which also takes an ``nn.Module``) calls this.
     """
@@ -156,7 +157,8 @@ def compile_program(program, target: str | Target = "cpu", *,
     if activations is not None:
         tgt = tgt.with_activations(activations)
     tgt.check_options(extra_flags=list(extra_flags or []), interpret=interpret)
-    numerics = tgt.numerics_options(deterministic=bool(deterministic), batch_invariant=bool(batch_invariant))
+    numerics = tgt.numerics_options(deterministic=None if deterministic is None else bool(deterministic),
+                                    batch_invariant=bool(batch_invariant))
     programs = program if isinstance(program, dict) else {"main": program}
     for name, ep in programs.items():
         if not isinstance(ep, torch.export.ExportedProgram):

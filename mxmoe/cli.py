@@ -242,10 +242,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _numerics_flags(args) -> dict:
-    """``--deterministic`` / ``--batch-invariant`` as ``mxmoe.compile`` options (only those given)."""
+    """``--[no-]deterministic`` / ``--batch-invariant`` as ``mxmoe.compile`` options (only those given)."""
     flags = {}
-    if args.deterministic:
-        flags["deterministic"] = True
+    if args.deterministic is not None:
+        flags["deterministic"] = args.deterministic
     if args.batch_invariant:
         flags["batch_invariant"] = True
     return flags
@@ -635,9 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "runtime reads them from the checkpoint at load time")
     c.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16",
                    help="activation dtype of --preset/checkpoint layers (default bfloat16)")
-    c.add_argument("--deterministic", action="store_true",
-                   help="the same input gives the same output bits on every call (cuda: no fp32 atomics that add "
-                        "more than twice into an output; cpu: always so)")
+    c.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="the same input gives the same output bits on every call (the default on cuda and cpu; "
+                        "cuda --no-deterministic: fp32 atomics may add more than twice into an output)")
     c.add_argument("--batch-invariant", action="store_true",
                    help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
                         "alike; implies --deterministic); docs/routing.md")

@@ -124,12 +124,14 @@ def is_few_tokens(max_tokens: int | None) -> bool:
 #: tile ran the gpt-oss GEMMs at 478-493 TFLOP/s (dot_scaled: 381-387). TMA weight tiles (the last field)
 #: work on this path too but were no faster in any class (within +-2%, mid and prefill 3-7% slower).
 #: Since the tiled layout (mxmoe.core.layouts.TRITON_HOPPER_TILED) mid runs 4 warps: with 8 it was 5-6% slower
-#: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24).
+#: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24). Mid's K=64 / 4 stages: at 512
+#: tokens 3% (20b) and 1% (120b) faster than K=128 / 3 stages on the w13 GEMM, 8% and 7% on the w2 GEMM (JIT
+#: sweep on the H100 with Triton 3.6, 2026-11-25; benchmarks/gpu_moe.py --sweep).
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),
     "decode": (16, 64, 256, 4, 3, 0, False),
     "sparse": (32, 128, 128, 4, 3, 0, False),
-    "mid": (64, 128, 128, 4, 3, 0, False),
+    "mid": (64, 128, 64, 4, 4, 0, False),
     "prefill": (128, 128, 64, 8, 4, 0, False),
     "large": (256, 128, 64, 8, 4, 4, False),
 }

@@ -361,3 +361,15 @@ def test_compile_every_entry_and_check_each(mxmoe_cli, tmp_path):
     mxmoe_cli("run", art, "--entry", "sideways").error("no entry point 'sideways'", "layer, monolithic, modular")
     mxmoe_cli("compile", "--preset", "tiny", "--target", "cpu", "--entries", "layer,sideways", "-o", art,
               "-q").error("unknown entry 'sideways'")
+
+
+@pytest.mark.parametrize("flags,expected", [([], {}), (["--deterministic"], {"deterministic": True}),
+                                            (["--no-deterministic"], {"deterministic": False}),
+                                            (["--batch-invariant"], {"batch_invariant": True})])
+def test_numerics_flags_reach_compile_only_when_given(flags, expected):
+    """No flag leaves the target's default (deterministic on cuda and cpu); --no-deterministic asks for the
+    atomics path explicitly."""
+    from mxmoe.cli import _numerics_flags, build_parser
+
+    args = build_parser().parse_args(["compile", "--target", "cuda:sm_90", "-o", "x.mxmoe", *flags])
+    assert _numerics_flags(args) == expected

@@ -155,6 +155,12 @@ def test_cuda_options_are_recorded(tmp_path):
     assert Artifact(tmp_path / "a.mxmoe").manifest["target"]["numerics"]["deterministic"] is True
     cpu = mxmoe.compile(layer, target="cpu", batch_invariant=True)
     assert cpu.target.record(cpu.code, cpu.mlir)["numerics"]["deterministic"] is True
+    # deterministic is the cuda default (it cost under 1% on the H100); deterministic=False is the atomics path
+    assert mxmoe.compile(layer, target="cuda:sm_90", interpret=True).kernel_plan["options"]["deterministic"] is True
+    fast = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, deterministic=False)
+    assert fast.kernel_plan["options"] == {"deterministic": False, "batch_invariant": False}
+    with pytest.raises(ValueError, match="batch_invariant=True implies deterministic"):
+        mxmoe.compile(layer, target="cuda:sm_90", interpret=True, deterministic=False, batch_invariant=True)
     with pytest.raises(ValueError, match="rocm:gfx942 does not offer deterministic"):
         mxmoe.compile(layer, target="rocm:gfx942", deterministic=True)
 
