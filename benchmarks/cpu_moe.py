@@ -206,10 +206,13 @@ def timeline(cm, cfg, T: int, threads: int, repeats: int) -> None:
         x.view(torch.int16).numpy().tofile(Path(d) / "x.bin")
         prof = Path(d) / "p.ireeprof"
         base = [str(tools / "iree-benchmark-module"), f"--module={vmfb}", f"--parameters=model={params}",
-                "--device=local-task", "--function=main", f"--input={T}x{cfg.hidden}xbf16=@{Path(d) / 'x.bin'}",
+                "--device=local-task", f"--function={cm.entries[0].name}", f"--input={T}x{cfg.hidden}xbf16=@{Path(d) / 'x.bin'}",
                 f"--task_topology_max_group_count={threads}", f"--benchmark_min_time={repeats}x"]
-        subprocess.run(base + ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"],
-                       capture_output=True, text=True, check=True)
+        run = subprocess.run(base + ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"  (iree-benchmark-module failed: {run.stderr.strip()[-400:]})")
+            return
         plain = subprocess.run(base + ["--benchmark_repetitions=5"], capture_output=True, text=True, check=True).stdout
         out = subprocess.run([str(tools / "iree-profile"), "dispatch", "--format=jsonl", "--dispatch_events", str(prof)],
                              capture_output=True, text=True, check=True).stdout
