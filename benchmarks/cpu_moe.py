@@ -244,7 +244,7 @@ def timeline(cm, cfg, T: int, threads: int, repeats: int) -> None:
     print("  per dispatch over all calls, us: median [min-max]")
     for key, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1]))[:6]:
         print(f"    {statistics.median(v):8.1f} [{min(v):.1f}-{max(v):.1f}]  {_kind(key)}  {key}")
-    med = re.search(r"BM_main/process_time/real_time_median\s+([\d.]+) (ms|us)", plain)
+    med = re.search(r"BM_\S+/process_time/real_time_median\s+([\d.]+) (ms|us)", plain)
     if med:
         v = float(med.group(1)) * (1 if med.group(2) == "ms" else 1e-3)
         print(f"  iree-benchmark-module, whole call (no profiling): {v:.3f} ms median of 5; the dispatches add up "
