@@ -394,3 +394,56 @@ def test_bad_modes_are_named():
         parse_mode("ep+tp", 4)
     with pytest.raises(ValueError, match="intermediate size \\(96\\) to be a multiple of tp x 32 = 64"):
         ShardSpec(1, 2, 0).intermediate(96)
+
+
+# ============================================================================================ without ranks
+
+def test_compile_shard_on_the_command_line(tmp_path, capsys):
+    """``mxmoe compile --shard ep:4``: one artifact, four weight sets of the right experts; ``inspect`` says so;
+    ``run`` needs a rank's set and checks it against the reference of that part; bad layouts are one-line errors."""
+    import numpy as np
+
+    import mxmoe.runtime
+    from mxmoe.cli import main
+    from mxmoe.core.config import preset
+    from mxmoe.distributed import ShardSpec, shard_weights
+    from mxmoe.runtime.loader import logical_parameters, parameter_arrays, open_artifact
+
+    art = tmp_path / "tiny.mxmoe"
+    assert main(["compile", "--preset", "tiny", "--target", "cpu", "--shard", "ep:4", "--seed", "3", "-o", str(art),
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "cut ep=4 x tp=1 = 4 ranks (2 experts x intermediate 96 a rank)" in out and "4 weight sets" in out
+    assert main(["inspect", str(art)]) == 0
+    assert "sharded     ep=4 x tp=1 = 4 ranks of a layer of 8 experts" in capsys.readouterr().out
+    whole = MoE.random(preset("tiny"), seed=3).to_weights()
+    opened = open_artifact(art)
+    for r in range(4):  # each set holds exactly rank r's experts and expert map
+        stored, name = parameter_arrays(opened, weight_set=f"rank.{r}")
+        got, want = logical_parameters(opened, stored), shard_weights(whole, ShardSpec(4, 1, r))
+        assert name == f"rank.{r}"
+        assert np.array_equal(got["w13"], want.w13) and np.array_equal(got["expert_map"], want.expert_map)
+    assert main(["run", str(art), "--weight-set", "rank.3", "--check", "--repeat", "1", "-q"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["run", str(art), "-q"]) == 1
+    assert "sharded over 4 ranks (ep=4, tp=1); pass rank=R" in capsys.readouterr().err
+    with pytest.raises(mxmoe.runtime.ArtifactError, match="rank 4 is outside this artifact's 4 ranks"):
+        mxmoe.runtime.load(art, rank=4)
+    assert mxmoe.runtime.load(art, rank=2).weight_set == "rank.2"
+    for layout, words in (("tp:2", "intermediate size (96) to be a multiple of tp x 32 = 64"),
+                          ("ep:3", "needs the expert count (8) to be a multiple of 3"),
+                          ("ep4", "shard layout must look like ep:4"), ("ep:2,ep:2", "shard layout must look like")):
+        assert main(["compile", "--preset", "tiny", "--target", "cpu", "--shard", layout, "-o",
+                     str(tmp_path / "x.mxmoe"), "-q"]) == 1
+        err = capsys.readouterr().err
+        assert words in err and err.count("mxmoe: error:") == 1, err
+
+
+def test_a_plain_artifact_is_not_a_shard(tmp_path):
+    import mxmoe
+    import mxmoe.runtime
+
+    art = tmp_path / "plain.mxmoe"
+    mxmoe.compile(_layer({}), "cpu").save(art)
+    with pytest.raises(mxmoe.runtime.ArtifactError, match="rank=1 given, but this artifact is not sharded"):
+        mxmoe.runtime.load(art, rank=1)
