@@ -12,12 +12,14 @@ computation with a different cut of the weights (docs/distributed.md):
   **ep+tp**: both at once, ``rank = ep_rank * tp + tp_rank``;
 * the exchange: ``allgather`` (default, and the only one for tp > 1): the tokens and their routing are gathered
   from all ranks, each rank computes its experts' (or slices') partial outputs for all of them, and a
-  reduce-scatter sums the partials back to the rank that owns each token; ``all_to_all`` (ep only): a token is
+  reduce-scatter (an all-to-all of the fp32 partials, summed by the owner in rank order) sums them back to the
+  rank that owns each token; ``all_to_all`` (ep only): a token is
   sent only to the ranks that hold one of its experts, and the partial outputs come back the same way;
 * the shared expert (if any) runs once per token, on the rank that owns it.
 
 Partial outputs cross the wire in fp32 and are summed in rank order, so the result is deterministic; it differs
 from the single-process layer by the rounding of each rank's partial to the activation dtype (a few ulps).
+Ahead of time: :mod:`mxmoe.shard_artifact` (one artifact, a weight set per rank; :func:`load` here).
 """
 
 from __future__ import annotations
@@ -271,7 +273,7 @@ class ShardedMoE(nn.Module):
         return out.to(x.dtype).reshape(x.shape)
 
     def _forward_allgather(self, tokens, weights, ids, counts: list[int]) -> torch.Tensor:
-        """Every rank computes its part for all tokens; a reduce-scatter sums the partials back to their owners."""
+        """Every rank computes its part for all tokens; the partials go back to their owners, summed in rank order."""
         world, most = len(counts), max(counts)
         if most == 0:
             return tokens.new_zeros(tokens.shape, dtype=torch.float32)

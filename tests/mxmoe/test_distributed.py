@@ -281,6 +281,7 @@ def test_a_rank_loading_another_layout_gets_a_clear_error(tmp_path, artifacts):
     assert r0[3][0] == r1[3][0] == "loaded"
     assert r0[4][0] == "DistributedError" and "could not agree" in r0[4][1], r0[4]
     assert r0[4][2] < 5 + 10, f"the dead rank took {r0[4][2]:.1f} s to notice"
+    print(f"dead rank noticed after {r0[4][2]:.2f} s")
 
 
 def _compile_worker(rank, world, init, case, results):
