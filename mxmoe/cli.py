@@ -355,13 +355,18 @@ def _compile_sharded(args, target, out: Path, source, desc: dict, ckpt, t_all: f
                        "drop --entries")
     if args.weights != "embedded":
         raise CliError("--shard stores every rank's weights in the artifact: use --weights embedded")
-    if ckpt is not None and len(ckpt["layers"]) > 1:
-        raise CliError(f"--shard compiles one layer; this checkpoint has {len(ckpt['layers'])} MoE layers: pass "
-                       "--layer N (one artifact per layer)")
+    layers = None
+    if ckpt is not None and len(ckpt["layers"]) > 1:  # every layer's parts in one artifact: sets layer.N.rank.R
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.hf_checkpoint import read_hf_moe
+
+        read = read_hf_moe if ckpt.get("family") else read_hf_gpt_oss
+        layers = {f"layer.{n}": (lambda n=n: read(ckpt["path"], n)) for n in ckpt["layers"]}
     ep, tp = layout
     with _Step(f"compiling rank parts (ep={ep}, tp={tp}) for {target.name} and writing {out}", args.quiet):
         try:
-            compiled, manifest = save_sharded(source, out, layout, target, source=desc, **_numerics_flags(args))
+            compiled, manifest = save_sharded(source, out, layout, target, layers=layers, source=desc,
+                                              **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             raise CliError(str(e)) from None
     total = time.perf_counter() - t_all
@@ -374,8 +379,10 @@ def _compile_sharded(args, target, out: Path, source, desc: dict, ckpt, t_all: f
           f"ep={ep} x tp={tp} = {ep * tp} ranks ({part}) for {target.name} in {total:.1f} s")
     for e in compiled.entries:
         print(f"  entry   {e.describe()} (each rank's part)")
-    print(f"  wrote   {out}: {_human(out.stat().st_size)} ({ep * tp} weight sets rank.0..rank.{ep * tp - 1}, "
-          f"{_human(max(per_rank))} each; a rank maps only its own)")
+    names = (f"{ep * tp} weight sets rank.0..rank.{ep * tp - 1}" if layers is None else
+             f"{len(per_rank)} weight sets layer.N.rank.R for {len(layers)} layers")
+    print(f"  wrote   {out}: {_human(out.stat().st_size)} ({names}, {_human(max(per_rank))} each; a rank maps only "
+          "its own)")
     return 0
 
 
@@ -613,9 +620,10 @@ def cmd_inspect(args) -> int:
     shard = m.get("shard")
     if shard:
         c = shard["layer"]
+        sets = "layer.N.rank.R is rank R's part of layer N" if shard.get("layers") else "rank.R is rank R's part"
         print(f"  sharded     ep={shard['ep']} x tp={shard['tp']} = {shard['world']} ranks of a layer of "
-              f"{c['num_experts']} experts, intermediate {c['intermediate']} (weight set rank.R is rank R's part; "
-              "run with mxmoe.distributed.load)")
+              f"{c['num_experts']} experts, intermediate {c['intermediate']} (weight set {sets}; run with "
+              "mxmoe.distributed.load)")
     src = m.get("source")
     if src:
         print(f"  source      {', '.join(f'{k}={v}' for k, v in src.items())}")
@@ -689,9 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-invariant", action="store_true",
                    help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
                         "alike; implies --deterministic); docs/routing.md")
-    c.add_argument("--shard", metavar="LAYOUT", help="cut one MoE layer over ranks: ep:N, tp:N or ep:A,tp:B; writes "
-                   "one artifact with a weight set per rank (rank.R), run with mxmoe.distributed.load under torchrun "
-                   "(docs/distributed.md)")
+    c.add_argument("--shard", metavar="LAYOUT", help="cut MoE layers over ranks: ep:N, tp:N or ep:A,tp:B; writes "
+                   "one artifact with a weight set per rank (rank.R; layer.N.rank.R for a whole checkpoint), run with "
+                   "mxmoe.distributed.load under torchrun (docs/distributed.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 

@@ -76,7 +76,8 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     External weights are always read into memory.
     """
     art = Artifact(path)
-    weight_set = _shard_set(art, weight_set, rank) if rank is not None or "shard" in art.manifest else weight_set
+    if rank is not None or "shard" in art.manifest:
+        weight_set, layer = _shard_set(art, weight_set, rank, layer), None
     weight_set = _resolve_set(art, weights, weight_set, layer)
     code = art.code()
     try:
@@ -93,8 +94,9 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
 
 # ============================================================================================ weights
 
-def _shard_set(art: Artifact, weight_set, rank) -> str:
-    """The weight set of ``rank`` in a sharded artifact; errors for a rank outside it or no rank at all."""
+def _shard_set(art: Artifact, weight_set, rank, layer) -> str:
+    """The weight set of ``rank`` (of ``layer``, in one holding several) in a sharded artifact; errors for a rank
+    or layer outside it, or none given."""
     shard = art.manifest.get("shard")
     if shard is None:
         raise ArtifactError(f"{art.path}: rank={rank} given, but this artifact is not sharded (no per-rank parts)")
@@ -105,11 +107,22 @@ def _shard_set(art: Artifact, weight_set, rank) -> str:
         raise ArtifactError(f"{art.path}: holds the parts of a layer sharded over {world} ranks ({cut}); pass "
                             "rank=R (or weight_set='rank.R') to load one, and run it with mxmoe.distributed.load "
                             "under torchrun")
-    if weight_set is not None and weight_set != f"rank.{rank}":
+    prefix = ""
+    if shard.get("layers"):
+        names = list(shard["layers"])
+        if layer is None or f"layer.{int(layer)}" not in names:
+            have = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+            raise ArtifactError(f"{art.path}: holds {len(names)} sharded layers ({have}); pass layer=N of them"
+                                + ("" if layer is None else f", not {layer}"))
+        prefix = f"layer.{int(layer)}."
+    elif layer is not None:
+        raise ArtifactError(f"{art.path}: holds one sharded layer; layer={layer} does not apply")
+    want = f"{prefix}rank.{int(rank)}"
+    if weight_set is not None and weight_set != want:
         raise ArtifactError(f"{art.path}: rank={rank} and weight_set={weight_set!r} disagree")
     if not 0 <= int(rank) < world:
         raise ArtifactError(f"{art.path}: rank {rank} is outside this artifact's {world} ranks ({cut})")
-    return f"rank.{int(rank)}"
+    return want
 
 
 def _resolve_set(art: Artifact, weights, weight_set, layer) -> str | None:

@@ -185,6 +185,23 @@ def artifacts(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def checkpoint_artifact(tmp_path_factory):
+    """A gpt-oss checkpoint of two tiny layers (0 and 2) and ``mxmoe compile CKPT --shard ep:2`` of it: one
+    artifact, sets layer.N.rank.R."""
+    from mxmoe.cli import main
+    from mxmoe.core.checkpoint import write_hf_gpt_oss
+    from mxmoe.core.config import preset
+    from mxmoe.core.weights import MoEWeights
+
+    d = tmp_path_factory.mktemp("ckpt")
+    write_hf_gpt_oss(d / "ckpt", {n: MoEWeights.random(preset("tiny"), seed=40 + n) for n in (0, 2)},
+                     float_dtype="bfloat16")
+    assert main(["compile", str(d / "ckpt"), "--target", "cpu", "--shard", "ep:2", "-o", str(d / "m.mxmoe"),
+                 "-q"]) == 0
+    return str(d / "ckpt"), str(d / "m.mxmoe")
+
+
 _COUNTS = ([5, 9], [0, 13], [1, 0], [0, 0])  # uneven, a rank without tokens, one token in all, none at all
 
 
@@ -247,13 +264,14 @@ def _bad_load_worker(rank, world, init, case, results):
 
         got = []
         for step in case["steps"]:
-            what = step[rank]
+            what, kwargs = step[rank] if isinstance(step[rank], tuple) else (step[rank], {})
             if what == "die":
                 os._exit(3)
             t0 = time.perf_counter()
             try:
-                load(what)
-                got.append(("loaded", None, time.perf_counter() - t0))
+                part = load(what, **kwargs)
+                out = part(_tokens([3, 4], seed=7)[rank]).float() if "layer" in kwargs else None
+                got.append(("loaded", out, time.perf_counter() - t0))
             except Exception as e:  # noqa: BLE001 - the test reads the type and message
                 got.append((type(e).__name__, str(e), time.perf_counter() - t0))
             results[rank] = ("ok", list(got), None)
@@ -261,12 +279,15 @@ def _bad_load_worker(rank, world, init, case, results):
         results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-2000:])
 
 
-def test_a_rank_loading_another_layout_gets_a_clear_error(tmp_path, artifacts):
+def test_a_rank_loading_another_layout_gets_a_clear_error(tmp_path, artifacts, checkpoint_artifact):
     """Rank 1 loads the tp:2 artifact while rank 0 loads ep:2; then both load the 4-rank artifact in a 2-rank
-    group; then rank 1 names a missing file; then rank 1 dies: every rank gets a DistributedError saying what,
-    within the process group's timeout (5 s here)."""
+    group; then rank 1 names a missing file; then ranks pick different layers of a whole-checkpoint artifact;
+    then rank 1 dies: every rank gets a DistributedError saying what, within the process group's timeout (5 s
+    here). In between, good loads work (layer 2 of the checkpoint artifact: its output)."""
     ep, tp, four = (str(artifacts[k]) for k in ("ep:2", "tp:2", "ep:2,tp:2"))
-    steps = [(ep, tp), (four, four), (ep, str(tmp_path / "missing.mxmoe")), (ep, ep), (ep, "die")]
+    ckpt_dir, multi = checkpoint_artifact
+    steps = [(ep, tp), (four, four), (ep, str(tmp_path / "missing.mxmoe")), (ep, ep),
+             ((multi, {"layer": 2}),) * 2, ((multi, {"layer": 0}), (multi, {"layer": 2})), (ep, "die")]
     results, codes = _run(2, {"steps": steps, "timeout": 5}, tmp_path, _bad_load_worker)
     assert codes[1] == 3
     r0, r1 = results[0][1], results[1][1]
@@ -279,9 +300,16 @@ def test_a_rank_loading_another_layout_gets_a_clear_error(tmp_path, artifacts):
     for got in (r0[2], r1[2]):
         assert got[0] == "DistributedError" and "rank(s) [1] could not load" in got[1] and "no such file" in got[1]
     assert r0[3][0] == r1[3][0] == "loaded"
-    assert r0[4][0] == "DistributedError" and "could not agree" in r0[4][1], r0[4]
-    assert r0[4][2] < 5 + 10, f"the dead rank took {r0[4][2]:.1f} s to notice"
-    print(f"dead rank noticed after {r0[4][2]:.2f} s")
+    layer2 = MoE.from_hf_checkpoint(ckpt_dir, 2)
+    for r, got in enumerate((r0[4], r1[4])):
+        assert got[0] == "loaded", got
+        want = layer2(_tokens([3, 4], seed=7)[r]).float()
+        assert float((got[1] - want).abs().max() / want.abs().max()) < TOL, f"rank {r}: layer 2"
+    for got in (r0[5], r1[5]):
+        assert got[0] == "DistributedError" and "(layer.0)" in got[1] and "(layer.2)" in got[1], got
+    assert r0[6][0] == "DistributedError" and "could not agree" in r0[6][1], r0[6]
+    assert r0[6][2] < 5 + 10, f"the dead rank took {r0[6][2]:.1f} s to notice"
+    print(f"dead rank noticed after {r0[6][2]:.2f} s")
 
 
 def _compile_worker(rank, world, init, case, results):
@@ -448,3 +476,32 @@ def test_a_plain_artifact_is_not_a_shard(tmp_path):
     mxmoe.compile(_layer({}), "cpu").save(art)
     with pytest.raises(mxmoe.runtime.ArtifactError, match="rank=1 given, but this artifact is not sharded"):
         mxmoe.runtime.load(art, rank=1)
+
+
+def test_a_whole_checkpoint_in_one_sharded_artifact(checkpoint_artifact, capsys):
+    """Every layer of the checkpoint, every rank: sets layer.N.rank.R holding layer N's experts of rank R; a rank's
+    part needs its layer named."""
+    import numpy as np
+
+    import mxmoe.runtime
+    from mxmoe.cli import main
+    from mxmoe.core.checkpoint import read_hf_gpt_oss
+    from mxmoe.distributed import ShardSpec, shard_weights
+    from mxmoe.runtime.loader import logical_parameters, open_artifact, parameter_arrays
+
+    ckpt_dir, path = checkpoint_artifact
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out
+    assert "layer.N.rank.R is rank R's part of layer N" in out and "4 set(s)" in out
+    opened = open_artifact(path)
+    for n in (0, 2):
+        whole = read_hf_gpt_oss(ckpt_dir, n)
+        for r in range(2):
+            got = logical_parameters(opened, parameter_arrays(opened, weight_set=f"layer.{n}.rank.{r}")[0])
+            want = shard_weights(whole, ShardSpec(2, 1, r))
+            assert np.array_equal(got["w2"], want.w2) and np.array_equal(got["w13_scale"], want.w13_scale)
+    assert mxmoe.runtime.load(path, rank=1, layer=2).weight_set == "layer.2.rank.1"
+    with pytest.raises(mxmoe.runtime.ArtifactError, match=r"holds 2 sharded layers \(layer.0, layer.2\); pass layer=N"):
+        mxmoe.runtime.load(path, rank=1)
+    with pytest.raises(mxmoe.runtime.ArtifactError, match="pass layer=N of them, not 1"):
+        mxmoe.runtime.load(path, rank=1, layer=1)
