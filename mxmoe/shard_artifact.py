@@ -2,10 +2,10 @@
 with the collectives around it (docs/distributed.md).
 
 One file with a weight set per rank (``rank.0`` .. ``rank.N-1``), not a file per rank, because every rank's part
-has the same shapes (the cut needs ``E % ep == 0``), so one compiled module serves every rank: it is compiled once (a file per rank would compile the same program N
-times), shipped and checked as one thing, and the cut is recorded once. A rank maps only its own weight section
-(the runtime never touches the other ranks' bytes), so the price is disk space on each host, not memory or load
-time.
+has the same shapes (the cut needs ``E % ep == 0``), so one compiled module serves every rank: it is compiled
+once (a file per rank would compile the same program N times), shipped and checked as one thing, and the cut is
+recorded once. A rank maps only its own weight section (the runtime never touches the other ranks' bytes), so
+the price is disk space on each host, not memory or load time.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def _layer(case, seed_offset: int = 0) -> MoE:
 
 def _expect(case):
     layer = _layer(case)
-    return [layer(x).float() if len(x) else x.float() for x in _tokens(case["counts"], seed=case.get("seed", 0), dtype=case.get("dtype", "bfloat16"))]
+    xs = _tokens(case["counts"], seed=case.get("seed", 0), dtype=case.get("dtype", "bfloat16"))
+    return [layer(x).float() if len(x) else x.float() for x in xs]
 
 
 def _check(world, case, tmp_path):
@@ -109,9 +110,16 @@ def test_two_ranks_match_the_layer(mode, dispatch, tmp_path):
     _check(2, {"mode": mode, "dispatch": dispatch, "counts": [5, 9], "repeat": 2}, tmp_path)
 
 
+#: DeepSeek-V3's routing (fp32 router, sigmoid scores with a correction bias, group-limited, scaled) and its shared
+#: expert in bf16: every rank must route its tokens as the whole layer does
+_DEEPSEEK = {"routing": "sigmoid_topk", "renormalize": True, "n_group": 4, "topk_group": 2, "score_bias": True,
+             "routed_scaling_factor": 2.5, "router_fp32": True, "router_bias": False, "bias": False, "top_k": 3,
+             "shared_intermediate": 64, "shared_format": "bf16"}
+
+
 def test_a_rank_with_no_tokens_and_uneven_counts(tmp_path):
     _check(2, {"mode": "ep", "dispatch": "all_to_all", "counts": [0, 13]}, tmp_path)
-    _check(2, {"mode": "tp", "dispatch": "allgather", "counts": [17, 0]}, tmp_path)
+    _check(2, {"mode": "tp", "dispatch": "allgather", "counts": [17, 0], "cfg": _DEEPSEEK}, tmp_path)
 
 
 def test_all_tokens_on_one_ranks_experts(tmp_path):
