@@ -246,12 +246,13 @@ def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_versio
 #: * sm_90: fp8 wgmma with the weights decoded in registers as its left operand (64 rows a warpgroup); K steps of
 #:   64 = 2 scale groups, the activations' groups folded in pairs by the quantizer (``HOPPER_FOLD``); the w13
 #:   GEMM's BLOCK_N / 2 must hold whole folded pairs (BLOCK_N >= 128). "large" keeps 128 token rows: at 256 the
-#:   w13 GEMM's accumulator and K-step product (2 x 128 x 256 fp32) spilled ~100 registers (SASS STL/LDL).
+#:   w13 GEMM's accumulator and K-step product (2 x 128 x 256 fp32) spilled ~100 registers (SASS STL/LDL);
+#:   "mid" runs 8 warps (with 4 its w2 GEMM spilled a register).
 W4A8_TILES = {
     100: {"gemv": (16, 128, 128, 4, 3, 0), "decode": (16, 128, 128, 4, 3, 0), "sparse": (32, 128, 128, 4, 3, 0),
           "mid": (64, 128, 128, 4, 3, 0), "prefill": (128, 256, 128, 8, 3, 0), "large": (256, 128, 128, 8, 3, 4)},
     90: {"gemv": (16, 128, 64, 4, 4, 0), "decode": (16, 128, 64, 4, 4, 0), "sparse": (32, 128, 64, 4, 4, 0),
-         "mid": (64, 128, 64, 4, 4, 0), "prefill": (128, 128, 64, 8, 4, 0), "large": (128, 128, 64, 8, 4, 4)},
+         "mid": (64, 128, 64, 8, 4, 0), "prefill": (128, 128, 64, 8, 4, 0), "large": (128, 128, 64, 8, 4, 4)},
 }
 #: the smallest token tile the sm_100 block-scaled MMA takes as its M operand (smaller ones swap operands)
 NATIVE_MMA_M = 128
