@@ -16,9 +16,10 @@ from mxmoe.core.reference import numpy_reference, relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-#: as in tests/compiler/test_cuda_w4a8.py: against the mxfp8 reference (output rounding, fp32 sums in another
-#: order, the Hopper form's folds) and against the bf16 one (what MXFP8 activations cost)
-TOL_MXFP8, TOL_BF16 = 2e-2, 0.12
+#: against the mxfp8 reference as in tests/compiler/test_cuda_w4a8.py (output rounding, fp32 sums in another order,
+#: the Hopper form's folds); against the bf16 one a sanity bound only: what MXFP8 activations cost grows with the
+#: outliers and the token count (the mxfp8 reference itself was 10% off the bf16 one at 1100 tokens, docs/nvidia.md)
+TOL_MXFP8, TOL_BF16 = 2e-2, 0.25
 
 
 def _module(model: str, layer):
