@@ -36,6 +36,10 @@ FEW_TOKEN_ROUTER_BLOCK = 16
 #: launch alone, CUPTI): 256 in four 64-wide steps 9.7 us at 1 token; one 256-wide step 8.0; 128 8.0; 64 8.1
 #: (all with the grouping below still at CHUNK 256).
 FEW_TOKEN_ROUTER_H = 128
+#: Largest token count whose class routes through the split router (:func:`_split_router`) rather than
+#: ``router_route``: at 512 tokens of gpt-oss-20b, ``router_route`` has 8 programs and took 32.7 of the layer's
+#: 393 us on the H100 (CUPTI timeline, 2026-11-25); the split router has a program per 16 tokens and 128 of H.
+SPLIT_ROUTER_MAX_TOKENS = 1024
 #: Tokens x columns per program of the deterministic combine (``combine_slots``)
 SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
 #: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token
@@ -327,12 +331,35 @@ def _router_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
                      kernels: _Kernels) -> tuple[list[Launch], int]:
     """(launches, splits of H) of the router and routing for a class: few tokens split the router weight's H
     across programs to stream it at bandwidth, and the same launch routes each token block in its last router
-    program and groups all pairs in the last block routed (:func:`_few_token_router`); many tokens route in one
-    launch whose programs walk all of H (:func:`_router_route`) and group in launches of their own
-    (:func:`_grouping_launches`). Both compute a token's logits alike (the routing contract)."""
+    program and groups all pairs in the last block routed (:func:`_few_token_router`); a few hundred tokens
+    write the same split sums to memory and route them in a second launch (:func:`_split_router`); many tokens
+    route in one launch whose programs walk all of H (:func:`_router_route`); both group in launches of their own
+    (:func:`_grouping_launches`). All compute a token's logits alike (the routing contract)."""
     if is_few_tokens(max_tokens):
         return _few_token_router(spec, cls, max_tokens, bm, kernels)
+    if max_tokens is not None and max_tokens <= SPLIT_ROUTER_MAX_TOKENS:
+        return _split_router(spec, cls, kernels)
     return [_router_route(spec, cls, kernels)], 0
+
+
+def _split_router(spec: LayerSpec, cls: str, kernels: _Kernels) -> tuple[list[Launch], int]:
+    """Router and routing of a few hundred tokens in two launches: ``router_gemm`` (a program per 16-token block
+    and FEW_TOKEN_ROUTER_H-wide slice of H, fp32 partial sums to memory) then ``route_partials`` (the sums added
+    in slice order, top-k): the few-token router's computation without its in-launch routing and grouping, so a
+    token's logits are the same bits as in every other class (docs/routing.md)."""
+    H, block_t = spec.hidden, FEW_TOKEN_ROUTER_BLOCK
+    h_per_split = min(H, FEW_TOKEN_ROUTER_H)
+    splits = -(-H // h_per_split)
+    router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
+    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
+    gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec), router_consts, warps, 2)
+    route_consts = _route_constexprs(spec, splits)
+    route = kernels.add(f"route_partials.{cls}", "route_partials", [
+        Arg.buffer("partial_ptr", "router_partials"), _weight("b_ptr", spec.router_bias),
+        Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
+        Arg.scalar("num_tokens", "T")], route_consts, 4, 1)
+    return [Launch(gemm, (f"cdiv(T, {block_t})", "RS")),
+            Launch(route, (f"cdiv(T, {route_consts['BLOCK_T']})",))], splits
 
 
 def router_sub_blocks(experts_pow2: int) -> int:
