@@ -280,7 +280,7 @@ def cmd_compile(args) -> int:
                f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
         try:
             compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries,
-                                     **_numerics_flags(args))
+                                     activations=args.activations, **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             if entries is None:
                 raise
@@ -366,7 +366,7 @@ def _compile_sharded(args, target, out: Path, source, desc: dict, ckpt, t_all: f
     with _Step(f"compiling rank parts (ep={ep}, tp={tp}) for {target.name} and writing {out}", args.quiet):
         try:
             compiled, manifest = save_sharded(source, out, layout, target, layers=layers, source=desc,
-                                              **_numerics_flags(args))
+                                              activations=args.activations, **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             raise CliError(str(e)) from None
     total = time.perf_counter() - t_all
@@ -700,6 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shard", metavar="LAYOUT", help="cut MoE layers over ranks: ep:N, tp:N or ep:A,tp:B; writes "
                    "one artifact with a weight set per rank (rank.R; layer.N.rank.R for a whole checkpoint), run with "
                    "mxmoe.distributed.load under torchrun (docs/distributed.md)")
+    c.add_argument("--activations", choices=("bf16", "mxfp8"), default=None,
+                   help="the form the expert GEMMs take the activations in: bf16 (default) or mxfp8 (w4a8: "
+                        "rocm:gfx950, cuda:sm_90, cuda:sm_100; docs/nvidia.md, docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 
