@@ -1,6 +1,7 @@
 """What the ROCm modules run, read from their ISA, and a static roofline: no AMD GPU needed (none was used).
 
     python benchmarks/amd_isa.py [--models 'gpt-oss-20b;128,8,2048,768'] [--archs gfx942,gfx950] [--tokens 1,64,2048]
+    python benchmarks/amd_isa.py --numerics [--models ...] [--tokens 1,16,64]
 
 For each model (a preset name or ``E,k,H,I``) and arch (and gfx950's ``activations="mxfp8"``): compiles the layer
 with IREE's executable dumps (~10 s each), then prints
@@ -23,6 +24,9 @@ with IREE's executable dumps (~10 s each), then prints
   MI300X    5.3 TB/s    1307 TFLOP/s     -                  304 x 64 x 2.1 GHz = 40.9 T ops/s
   MI355X    8.0 TB/s    2516 TFLOP/s     5033 TFLOP/s       256 x 64 x 2.4 GHz = 39.3 T ops/s
   ========  ==========  ===============  =================  =====================================
+
+``--numerics``: instead, each form's error against the bf16 reference (and the mxfp8 form's against the reference
+that quantizes the same way), the rocm lowering compiled for this CPU (llvm-cpu, the same linalg).
 
 The estimate assumes perfect overlap of memory, matrix and VALU work and full occupancy; it ignores the other
 dispatches (router, block layout, unsort: ~30 small ones, a few microseconds each on a real device), L2 / MALL hits
@@ -169,14 +173,68 @@ def roofline(cfg, arch: str, activations: str, tokens: list[int], pad: str, stat
           + ", ".join(f"T={t}: {v * 1e6:.1f} us" for t, v in layer.items()))
 
 
+def rocm_form_on_cpu(arch: str, activations: str):
+    """A cpu target compiling exactly the linalg ``rocm:{arch}`` emits (its passes: layout, padding, activation form,
+    weight decode), so the AMD lowering's numerics are measured on this machine (as tests/conftest.py does)."""
+    from dataclasses import dataclass
+
+    from mxmoe.compiler.targets import CpuTarget, get_target
+
+    rocm = get_target(f"rocm:{arch}").with_activations(activations)
+
+    @dataclass(frozen=True)
+    class RocmFormOnCpu(CpuTarget):
+        def passes(self):
+            return rocm.passes()
+
+    return RocmFormOnCpu(f"cpu (the {rocm.name} lowering, activations={activations})", "host", rocm.layout,
+                         rocm.pad_multiple, device="this kind of CPU")
+
+
+def numerics(model: str, tokens: list[int]) -> None:
+    """The error of each rocm form, compiled for this CPU, against the bf16 reference (and the mxfp8 form against the
+    reference that quantizes its activations the same way): max |out - ref| / max |ref| (the tests' measure) and
+    ||out - ref|| / ||ref||, random layer (``MoE.random``), x ~ N(0, 1) in bf16."""
+    import ml_dtypes
+    import torch
+
+    import mxmoe
+    from mxmoe.core.reference import numpy_reference, relative_error
+    from mxmoe.torch_frontend import MoE
+
+    cfg = model_config(model)
+    layer = MoE.random(cfg, seed=0)
+    w8 = layer.to_weights()
+    print(f"\n## {model}: error of the rocm forms (compiled for this CPU) against the bf16 reference\n")
+    print("| form | T | max rel. err vs bf16 ref | RMS rel. err vs bf16 ref | max rel. err vs its own ref |")
+    print("|---|---|---|---|---|")
+    for arch, act in (("gfx942", "bf16"), ("gfx950", "bf16"), ("gfx950", "mxfp8")):
+        cm = mxmoe.compile(layer, target=rocm_form_on_cpu(arch, act))
+        for t in tokens:
+            x = torch.randn(t, cfg.hidden, generator=torch.Generator().manual_seed(t)).bfloat16()
+            out = cm(x).float().numpy()
+            ref = numpy_reference(w8, x.float().numpy(), ml_dtypes.bfloat16)
+            own = numpy_reference(w8, x.float().numpy(), ml_dtypes.bfloat16, activations=act)
+            rms = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+            print(f"| {arch} {act} | {t} | {relative_error(out, ref):.2e} | {rms:.2e} | "
+                  f"{relative_error(out, own):.2e} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="gpt-oss-20b;128,8,2048,768", help="';'-separated presets or E,k,H,I")
     ap.add_argument("--archs", default="gfx942,gfx950")
     ap.add_argument("--tokens", default="1,64,2048")
     ap.add_argument("--no-mxfp8", action="store_true", help="skip gfx950's activations='mxfp8' form")
+    ap.add_argument("--numerics", action="store_true",
+                    help="instead: each form's error against the reference, its linalg compiled for this CPU")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")]
+    if args.numerics:
+        for model in args.models.split(";"):
+            numerics(model, tokens)
+        print("\n(the rocm lowering compiled for this CPU: the same linalg, not an AMD GPU)")
+        return 0
     for model in args.models.split(";"):
         for arch in args.archs.split(","):
             if arch not in DEVICES:

@@ -242,8 +242,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def _numerics_flags(args) -> dict:
-    """``--[no-]deterministic`` / ``--batch-invariant`` as ``mxmoe.compile`` options (only those given)."""
+    """``--[no-]deterministic`` / ``--batch-invariant`` / ``--activations`` as ``mxmoe.compile`` options (only those
+    given)."""
     flags = {}
+    if getattr(args, "activations", None):
+        flags["activations"] = args.activations
     if args.deterministic is not None:
         flags["deterministic"] = args.deterministic
     if args.batch_invariant:
@@ -641,6 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-invariant", action="store_true",
                    help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
                         "alike; implies --deterministic); docs/routing.md")
+    c.add_argument("--activations", choices=("bf16", "mxfp8"),
+                   help="the form the expert GEMMs take the activations in: bf16 (default, every target) or mxfp8 "
+                        "(rocm:gfx950's scaled MFMA, ~5%% RMS from the bf16 reference; docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 
