@@ -242,11 +242,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def _numerics_flags(args) -> dict:
-    """``--[no-]deterministic`` / ``--batch-invariant`` / ``--activations`` as ``mxmoe.compile`` options (only those
-    given)."""
+    """``--[no-]deterministic`` / ``--batch-invariant`` as ``mxmoe.compile`` options (only those given)."""
     flags = {}
-    if getattr(args, "activations", None):
-        flags["activations"] = args.activations
     if args.deterministic is not None:
         flags["deterministic"] = args.deterministic
     if args.batch_invariant:
@@ -281,7 +278,7 @@ def cmd_compile(args) -> int:
                f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
         try:
             compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries,
-                                     **_numerics_flags(args))
+                                     activations=args.activations, **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             if entries is None:
                 raise
@@ -644,9 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-invariant", action="store_true",
                    help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
                         "alike; implies --deterministic); docs/routing.md")
-    c.add_argument("--activations", choices=("bf16", "mxfp8"),
-                   help="the form the expert GEMMs take the activations in: bf16 (default, every target) or mxfp8 "
-                        "(rocm:gfx950's scaled MFMA, ~5%% RMS from the bf16 reference; docs/amd.md)")
+    c.add_argument("--activations", choices=("bf16", "mxfp8"), default=None,
+                   help="the form the expert GEMMs take the activations in: bf16 (default) or mxfp8 (w4a8: "
+                        "rocm:gfx950, cuda:sm_90, cuda:sm_100; docs/nvidia.md, docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 

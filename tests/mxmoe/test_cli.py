@@ -365,11 +365,10 @@ def test_compile_every_entry_and_check_each(mxmoe_cli, tmp_path):
 
 @pytest.mark.parametrize("flags,expected", [([], {}), (["--deterministic"], {"deterministic": True}),
                                             (["--no-deterministic"], {"deterministic": False}),
-                                            (["--batch-invariant"], {"batch_invariant": True}),
-                                            (["--activations", "mxfp8"], {"activations": "mxfp8"})])
+                                            (["--batch-invariant"], {"batch_invariant": True})])
 def test_numerics_flags_reach_compile_only_when_given(flags, expected):
     """No flag leaves the target's default (deterministic on cuda and cpu); --no-deterministic asks for the
-    atomics path explicitly; --activations picks the expert GEMMs' activation form (rocm:gfx950's mxfp8)."""
+    atomics path explicitly."""
     from mxmoe.cli import _numerics_flags, build_parser
 
     args = build_parser().parse_args(["compile", "--target", "cuda:sm_90", "-o", "x.mxmoe", *flags])
