@@ -24,12 +24,13 @@ from mxmoe.kernels.triton.planner import fit_scale_range
 
 def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], target: Target, *,
                    interpret: bool = False, timings: dict[str, float] | None = None, deterministic: bool = False,
-                   batch_invariant: bool = False) -> tuple[dict[str, Any], dict[str, bytes]]:
+                   batch_invariant: bool = False, activations: str = "bf16") -> tuple[dict[str, Any], dict[str, bytes]]:
     """(kernel plan, {plan kernel name: cubin}) for ``module``; cubins are empty with ``interpret``.
     ``deterministic`` / ``batch_invariant``: the plan's options (``mxmoe.kernels.triton.kernel_plan.PlanOptions``)."""
     timings = timings if timings is not None else {}
     t0 = time.perf_counter()
-    plan = plan_triton(module, target, deterministic=deterministic, batch_invariant=batch_invariant)
+    plan = plan_triton(module, target, deterministic=deterministic, batch_invariant=batch_invariant,
+                       activations=activations)
     missing = sorted(set(plan.parameters) - set(parameters))
     if missing:
         raise ValueError(f"no array for weight global(s) {', '.join(missing)}")

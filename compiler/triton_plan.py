@@ -227,7 +227,7 @@ def match_layer(module_op: ir.Operation) -> LayerSpec:
 
 
 def plan_triton(module: ir.Module, target: Target, *, deterministic: bool = False,
-                batch_invariant: bool = False) -> KernelPlan:
+                batch_invariant: bool = False, activations: str = "bf16") -> KernelPlan:
     """Kernel plan for ``module`` (already through ``mxmoe_pipeline``) on Triton target ``target``."""
     if target.backend != "triton":
         raise ValueError(f"{target.name} is not a Triton target")
@@ -237,4 +237,4 @@ def plan_triton(module: ir.Module, target: Target, *, deterministic: bool = Fals
         except VerifyError as e:
             raise TritonPlanError(str(e)) from None
     return plan_layer(layer, int(target.arch.removeprefix("sm_")), target.name, deterministic=deterministic,
-                      batch_invariant=batch_invariant)
+                      batch_invariant=batch_invariant, activations=activations)
