@@ -346,3 +346,60 @@ def test_router_chunks_are_summed_outside_the_mma():
         assert len(set(accs)) == 1 and not accs[0].startswith("%arg"), (name, accs)
         init = re.search(rf"{re.escape(accs[0])} = (\S+)", ttgir).group(1)
         assert init in ("arith.addf", "tt.splat"), (name, init)  # the runtime zero: not a constant, not a loop value
+
+
+# ------------------------------------------------------------------ the fused-MoE interface (issue #23)
+
+def test_entries_plans_and_artifact(tmp_path):
+    """One module, one plan per entry over one weight set: the layer entry's router, the monolithic entry routing
+    the engine's logits (no router), the modular entry mapping the engine's ids (map_and_group for few tokens,
+    map_ids + the chunked grouping for many), the shared expert's launches (gate, dense groups, its GEMMs) and
+    router weight on input (the w13 GEMM scales its rows, the combine's weights are 1); the artifact keeps every
+    entry and runs each after a load (interpreted here)."""
+    from mxmoe.runtime import load
+    from mxmoe.runtime.artifact import Artifact
+
+    cfg = _cfg(E=8, k=1, global_num_experts=12, apply_router_weight_on_input=True, shared_intermediate=64,
+               shared_gate=True)
+    layer = MoE.random(cfg, seed=5)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries="all")
+    plans = cm.code.plans
+    assert list(plans) == ["layer", "monolithic", "modular"] and cm.kernel_plan is plans["layer"]
+
+    def kernels(plan, cls):
+        c = next(c for c in plan["classes"] if c["name"] == cls)
+        return [plan["kernels"][lc["kernel"]]["kernel"] for lc in c["launches"]]
+
+    shared = ["shared_gate", "dense_groups", "glu_gemm", "combine_gemm"]
+    assert kernels(plans["layer"], "gemv") == ["router_route_group"] + shared + ["glu_gemm", "combine_gemm"]
+    assert kernels(plans["monolithic"], "large") == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter",
+                                                     *shared, "glu_gemm", "combine_gemm", "cast"]
+    assert kernels(plans["modular"], "decode")[0] == "map_and_group"
+    assert kernels(plans["modular"], "mid")[:2] == ["map_ids", "chunk_histogram"]
+    assert [i["name"] for i in plans["modular"]["extra_inputs"]] == ["topk_weights", "topk_ids"]
+    assert plans["monolithic"]["layer"]["entry"] == "monolithic" and plans["layer"]["layer"]["global_experts"] == 12
+    glu = next(k for k in plans["layer"]["kernels"].values() if k["kernel"] == "glu_gemm"
+               and k["constexprs"]["NUM_EXPERTS"] == 8)
+    assert glu["constexprs"]["SCALE_ROWS"] is True
+    assert set(plans["layer"]["parameters"]) >= {"expert_map", "shared_w13", "shared_gate_weight"}
+
+    cm.save(tmp_path / "m.mxmoe")
+    assert "3 entries" in Artifact(tmp_path / "m.mxmoe").code().describe()
+    mod = load(tmp_path / "m.mxmoe", device="interpret")
+    x = _x(6, 64, seed=1)
+    logits = _x(6, 12, seed=2)
+    w = torch.rand(6, 1, generator=torch.Generator().manual_seed(3)) + 0.1
+    ids = torch.tensor([[0], [3], [11], [12], [-1], [7]], dtype=torch.int32)  # 12 and -1: nowhere; some remote
+    for name, args, ref in (("layer", (x,), layer(x)), ("monolithic", (x, logits), layer.monolithic(x, logits)),
+                            ("modular", (x, w, ids), layer.modular(x, w, ids))):
+        out = mod.entry(name)(*args)
+        assert torch.equal(out, cm.entry(name)(*args)), name
+        _check(out, ref)
+
+
+def test_a_bf16_shared_expert_is_refused_naming_it():
+    from mxmoe.compiler.triton_plan import TritonPlanError
+
+    layer = MoE.random(_cfg(shared_intermediate=64, shared_format="bf16"), seed=0)
+    with pytest.raises(TritonPlanError, match="a bf16 shared expert is not built for cuda targets"):
+        mxmoe.compile(layer, target="cuda:sm_90", interpret=True)

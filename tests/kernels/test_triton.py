@@ -10,6 +10,7 @@ through ``tl.dot_scaled``.
 """
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -87,7 +88,8 @@ def reference_groups(ids, num_experts, block_m, num_blocks):
     """What the grouping kernels must produce for ids [T, k]: pairs stably sorted by expert, each expert's
     first sorted row, and the block map (each expert's rows in BLOCK_M blocks, then -1 blocks)."""
     flat = ids.flatten().long()
-    counts = torch.bincount(flat, minlength=num_experts)
+    here = flat >= 0  # -1: not this layer's expert, in no group
+    counts = torch.bincount(flat[here], minlength=num_experts)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     block_expert, block_start = [], []
     for e in range(num_experts):
@@ -97,7 +99,8 @@ def reference_groups(ids, num_experts, block_m, num_blocks):
     for b in range(len(block_expert), num_blocks):
         block_expert.append(-1)
         block_start.append(b * block_m)
-    return {"sorted_pairs": torch.argsort(flat, stable=True), "expert_offsets": offsets,
+    order = torch.argsort(torch.where(here, flat, num_experts), stable=True)[:int(here.sum())]
+    return {"sorted_pairs": order, "expert_offsets": offsets,
             "block_expert": torch.tensor(block_expert), "block_start": torch.tensor(block_start)}
 
 
@@ -372,18 +375,22 @@ def assert_groups(bufs, ids, ex, num_tokens):
     block_m = ex.kernel_plan.shape_class(num_tokens).tiles["w13"]["BLOCK_M"]
     ref = reference_groups(ids, ex.kernel_plan.layer.num_experts, block_m, bufs["block_expert"].numel())
     for name, want in ref.items():
-        assert torch.equal(bufs[name].cpu().long(), want), name
+        got = bufs[name].cpu().long()
+        assert torch.equal(got[:want.numel()], want), name  # sorted_pairs: rows past the local pairs are unused
 
 
 @pytest.mark.parametrize("case,T,E,k", [("random", 100, 8, 2), ("empty_experts", 300, 8, 2),
                                         ("empty_experts", 1300, 6, 2), ("one_expert", 1300, 6, 2),
-                                        ("random", 90, 8, 3)])
+                                        ("random", 90, 8, 3), ("remote", 1300, 8, 3), ("remote", 90, 8, 3)])
 def test_parallel_grouping_matches_reference(case, T, E, k):
     """The chunked histogram / scan / scatter launches of the many-token classes (sparse at 100 tokens, mid at
-    90 (top_k 3) and 300, prefill over three 1024-pair chunks at 1300) on given expert ids."""
+    90 (top_k 3) and 300, prefill over three 1024-pair chunks at 1300) on given expert ids; "remote": a third of
+    the ids -1 (another rank's experts under expert parallelism), which no group holds."""
     gen = torch.Generator().manual_seed(7)
-    if case == "random":
+    if case in ("random", "remote"):
         ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+        if case == "remote":
+            ids[torch.rand(T, k, generator=gen) < 1 / 3] = -1
     elif case == "empty_experts":
         ids = torch.randint(0, 3, (T, k), generator=gen) * 2  # experts 1, 3, 5 get no pairs
     else:
@@ -429,6 +436,33 @@ def test_few_token_router_launch_routes_and_groups(T, E, k, case):
     if case == "one":
         assert bool((ids[:, 0] == 5).all())
     assert_groups(bufs, ids, ex, T)
+
+
+@pytest.mark.parametrize("T,E_local", [(3, 16), (40, 16), (3, 128), (40, 128), (70, 128)])
+def test_expert_parallel_routing_maps_and_groups_local_pairs(T, E_local):
+    """Expert parallelism in the router launches: routing over 160 global experts, ids stored through the expert
+    map (-1 for another rank's), and only the local pairs grouped: the few-token sort (gemv), the grouping from
+    block counts (decode with 128 local experts), the chunked grouping (70 tokens)."""
+    E_global, k, H = 160, 4, 256
+    spec = dataclasses.replace(layer_spec(E_local, k, H, 32, dtype=torch.float32, bias=False),
+                               global_experts=E_global, expert_map=StoredWeight("expert_map", (E_global,), "int32"),
+                               router_weight=StoredWeight("router_weight", (E_global, H), "float32"),
+                               router_bias=StoredWeight("router_bias", (E_global,), "float32"))
+    gen = torch.Generator().manual_seed(T + E_local)
+    weights = random_weights(layer_spec(E_local, k, H, 32, dtype=torch.float32, bias=False))
+    x = torch.randint(-3, 4, (T, H), generator=gen).float()
+    weights["router_weight"] = torch.randint(-3, 4, (E_global, H), generator=gen).float()
+    weights["router_bias"] = torch.arange(E_global).float() / 1024  # exact, distinct logits
+    emap = torch.full((E_global,), -1, dtype=torch.int32)
+    emap[torch.randperm(E_global, generator=gen)[:E_local]] = torch.randperm(E_local, generator=gen).int()
+    weights["expert_map"] = emap
+    ex = executor(spec, weights, 90)
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS | {"chunk_histogram", "chunk_scan", "chunk_scatter"})
+    _, ids = reference_route(x @ weights["router_weight"].t() + weights["router_bias"], k)
+    local = emap[ids.long()]
+    assert torch.equal(bufs["expert_ids"].cpu(), local)
+    assert (local < 0).any() and (local >= 0).any()
+    assert_groups(bufs, local, ex, T)
 
 
 def earlier_plan(plan: dict) -> dict:

@@ -75,9 +75,20 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+#: where the engine cases run: the cpu target (padding H and I to 64), and the cuda target's Triton kernels under the
+#: interpreter with scratch reserved for CUDA-graph capture (the GPU test captures: tests/kernels/test_triton_gpu.py)
+ENGINE_TARGETS = {"cpu": dict(target=PADDED_CPU),
+                  "cuda-interpreted": dict(target="cuda:sm_90", compile_options={"interpret": True},
+                                           max_capture_size=80)}
+
+
+@pytest.fixture(scope="module", params=[(case, t) for case in CASES for t in ENGINE_TARGETS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def engine_layer(request):
-    cfg = MoEConfig(router=False, router_bias=False, **CASES[request.param])
+    case, where = request.param
+    if where != "cpu":
+        pytest.importorskip("iree.compiler")
+    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
     w = MoEWeights.random(cfg, seed=7)
     method = Mxfp4MoEMethod(
         num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
@@ -86,7 +97,7 @@ def engine_layer(request):
         expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
         apply_router_weight_on_input=cfg.apply_router_weight_on_input,
         shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
-        target=PADDED_CPU)
+        **ENGINE_TARGETS[where])
     layer = nn.Module()
     method.create_weights(layer, params_dtype=torch.bfloat16)
     _load(layer, w, cfg, method)
