@@ -1,8 +1,9 @@
-"""From a module through ``mxmoe_pipeline`` to what runs on NVIDIA: kernel plan, cubins, weights.
+"""From a module through its cuda target's passes (``CudaTarget.passes``) to what runs on NVIDIA: kernel plans,
+cubins, weights.
 
-``compile_triton`` plans the kernels (:mod:`mxmoe.compiler.triton_plan` matches the layer,
-:mod:`mxmoe.kernels.triton.planner` plans it), then compiles every plan
-kernel ahead of time with ``triton.compile`` for the target's arch (no GPU needed). The weights were
+``compile_triton`` plans the kernels of every entry function (:mod:`mxmoe.compiler.triton_plan` matches each entry's
+layer, :mod:`mxmoe.kernels.triton.planner` plans it; one plan per entry over the same weights), then compiles every
+plan kernel ahead of time with ``triton.compile`` for the target's arch (no GPU needed). The weights were
 already padded and put into the layout the passes assigned (``mxmoe.compiler.parameters``); the plan
 names which of them feed which kernel argument. With ``interpret=True`` the cubins are skipped: the
 module will run the same plan's kernels under Triton's interpreter on the CPU.

@@ -1,16 +1,19 @@
-"""Triton branch of the pipeline: the fused MoE layer in the IR -> the kernels' planner.
+"""The Triton branch: each entry function's fused MoE layer in the IR -> the kernels' planner.
 
-Runs after ``mxmoe_pipeline``. It matches one MoE layer entry in each public function (docs/interface.md):
-the ``layer`` entry (the router ``torch.aten.linear`` on the entry tensor, ``mxmoe.route`` on its logits), the
-``monolithic`` one (``mxmoe.route`` on the entry's logits), the ``modular`` one (the entry's weights and ids through
-``mxmoe.map_experts``), then ``mxmoe.grouped_matmul_glu`` and ``mxmoe.grouped_matmul_combine`` on the ids and
-weights, with an expert map (``mxmoe.map_experts`` after the route), router weight on input (``mxmoe.weight_rows``
-into the w13 matmul, ``aten.ones_like`` weights into the combine) and an MXFP4 shared expert (grouped matmuls on
-``aten.new_zeros`` ids with ``aten.new_ones`` or ``sigmoid(linear(x, gate))`` weights, ``aten.add`` to the routed
-output; or alone: the ``shared`` entry); the result returned. The weights are parameter-backed ``util.global``
-values. Around them only bridging ops (``torch_c.*_builtin_tensor``, constants, a ``reshape``/``view`` that keeps
-the hidden dim, export's dtype asserts) may appear. Any other op, or one of those ops in another role, is an error
-that names it: the Triton path has no kernels for it, and it is never silently dropped.
+Runs on the module its cuda target's passes (``CudaTarget.passes``: convert, verify, fuse, pad, assign the layout)
+left. It matches one MoE layer entry in each public function (docs/interface.md): the ``layer`` entry (the router
+``torch.aten.linear`` on the entry tensor, or on its fp32 cast for an fp32 router, ``mxmoe.route`` on its logits,
+with the correction bias as its second operand), the ``monolithic`` one (``mxmoe.route`` on the entry's logits), the
+``modular`` one (the entry's weights and ids through ``mxmoe.map_experts``), then ``mxmoe.grouped_matmul_glu`` and
+``mxmoe.grouped_matmul_combine`` on the ids and weights, with an expert map (``mxmoe.map_experts`` after the route),
+router weight on input (``mxmoe.weight_rows`` into the w13 matmul, ``aten.ones_like`` weights into the combine) and
+a shared expert: MXFP4 (grouped matmuls on ``aten.new_zeros`` ids with ``aten.new_ones`` or
+``sigmoid(linear(x, gate))`` weights) or bf16 (``linear``, ``mxmoe.glu``, ``linear``, optionally times the fp32
+sigmoid gate), ``aten.add`` to the routed output; or alone (the ``shared`` entry). The weights are
+parameter-backed ``util.global`` values. Around them only bridging ops (``torch_c.*_builtin_tensor``, constants, a
+``reshape``/``view`` that keeps the hidden dim, export's dtype asserts) may appear. Any other op, or one of those
+ops in another role, is an error that names it: the Triton path has no kernels for it, and it is never silently
+dropped.
 
 What it found is a :class:`~mxmoe.kernels.triton.planner.LayerSpec` (dims, semantics, and the globals holding
 the weights with their stored shapes); :func:`~mxmoe.kernels.triton.planner.plan_layer` turns that into the
@@ -24,6 +27,7 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import VerifyError, shape
 from mxmoe.compiler.targets import Target
+from mxmoe.core.layouts import ROW_MAJOR
 from mxmoe.kernels.triton.kernel_plan import KernelPlan, PlanError
 from mxmoe.kernels.triton.planner import LayerSpec, StoredWeight, kernel_layout, plan_layer
 
@@ -130,7 +134,7 @@ def _body_ops(func: ir.Operation) -> list[ir.Operation]:
 _LAYER_OPS = {"torch.aten.linear", "mxmoe.route", "mxmoe.grouped_matmul_glu", "mxmoe.grouped_matmul_combine",
               "mxmoe.map_experts", "mxmoe.weight_rows", "torch.aten.ones_like", "torch.aten.new_zeros",
               "torch.aten.new_ones", "torch.aten.to.dtype", "torch.aten.sigmoid", "torch.aten.add.Tensor",
-              "torch.aten._assert_tensor_metadata"}
+              "torch.aten._assert_tensor_metadata", "mxmoe.glu", "torch.aten.select.int", "torch.aten.mul.Tensor"}
 
 
 def _refuse_other_ops(ops: list[ir.Operation], matched: set) -> None:
@@ -175,23 +179,20 @@ def _to_f32(v: ir.Value, matched: set) -> ir.Value:
 
 
 def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> LayerSpec:
-    """Find the MoE layer entry in ``func`` (the module's one public function by default; after mxmoe_pipeline) or
+    """Find the MoE layer entry in ``func`` (the module's one public function by default; after the passes) or
     raise :class:`TritonPlanError`. The entries of docs/interface.md: ``layer`` (router linear on x, route),
     ``monolithic`` (route on the engine's logits), ``modular`` (the engine's weights and ids through map_experts),
     ``shared`` (the shared expert alone); with an expert map (map_experts), router weight on input (weight_rows, the
-    combine's weights ones_like) and an MXFP4 shared expert (grouped matmuls on new_zeros ids with a sigmoid gate
-    or new_ones weights, added to the routed output)."""
+    combine's weights ones_like) and a shared expert (MXFP4: grouped matmuls on new_zeros ids with a sigmoid gate
+    or new_ones weights; bf16: :func:`_match_dense_shared`; added to the routed output)."""
     if func is None:
         funcs = _funcs(module_op)
         if len(funcs) != 1:
             raise TritonPlanError(f"the Triton path needs exactly one entry function, found {len(funcs)}")
         func = funcs[0]
     ops = _body_ops(func)
-    if any(op.name == "mxmoe.glu" and _producer(op.operands[0], "torch.aten.linear") is not None for op in ops):
-        raise TritonPlanError("the Triton path runs MXFP4 shared experts (shared_format='mxfp4'); a bf16 shared expert "
-                              "is not built for cuda targets: compile the layer without it (run it with torch), or "
-                              "use an IREE target")
-    unfused = sorted({op.name for op in ops if op.name in _UNFUSED})
+    unfused = sorted({op.name for op in ops if op.name in _UNFUSED  # a glu on a linear: the bf16 shared expert's
+                      and not (op.name == "mxmoe.glu" and _producer(op.operands[0], "torch.aten.linear") is not None)})
     if unfused:
         raise TritonPlanError(f"the Triton path needs fused grouped matmuls, but {', '.join(unfused)} remain "
                               "after mxmoe-fuse")
@@ -223,7 +224,11 @@ def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> La
                         ("shared-expert w2 grouped matmul", shared_comb)):
         if len(found) > 1:
             raise TritonPlanError(f"the Triton path runs exactly one MoE layer: found {len(found)} {what}s")
-    if len(routed_glu) != len(routed_comb) or len(shared_glu) != len(shared_comb) or not (routed_glu or shared_glu):
+    dense_glus = [op for op in ops if op.name == "mxmoe.glu"]
+    if len(dense_glus) > 1 or (dense_glus and shared_glu):
+        raise TritonPlanError("the Triton path runs exactly one MoE layer: found more than one shared expert")
+    if len(routed_glu) != len(routed_comb) or len(shared_glu) != len(shared_comb) or not (
+            routed_glu or shared_glu or dense_glus):
         raise TritonPlanError("the Triton path needs a MoE layer's two grouped matmuls (w13 with its GLU, w2 with "
                               "the combine)")
     types = _global_types(module_op)
@@ -363,26 +368,32 @@ def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> La
         else:
             raise TritonPlanError("the shared expert's combine weight must be 1 or its sigmoid gate")
         _, n13s, kh13s = shape(ir.RankedTensorType(sglu.operands[2].type))
+        shared_out, shared_glu_op, shared_hidden = scomb.results[0], sglu, 2 * kh13s
         fields.update(shared_intermediate=n13s // 2,
                       shared_w13=weight(sglu.operands[2], "shared_w13"),
                       shared_w13_scale=weight(sglu.operands[3], "shared_w13_scale"),
                       shared_w2=weight(scomb.operands[2], "shared_w2"),
                       shared_w2_scale=weight(scomb.operands[3], "shared_w2_scale"))
+    elif dense_glus:
+        shared_out, shared_glu_op, shared_hidden = _match_dense_shared(ops, dense_glus[0], x, matched, weight, fields)
+    if shared_glu or dense_glus:
         if routed_glu:
             add = next((op for op in ops if op.name == "torch.aten.add.Tensor"
                         and {_source(op.operands[0]), _source(op.operands[1])} ==
-                        {_source(result), _source(scomb.results[0])}), None)
+                        {_source(result), _source(shared_out)}), None)
             if add is None:
                 raise TritonPlanError("the shared expert's output must be added to the routed experts' output")
             matched.add(_key(add))
             result = add.results[0]
         else:
-            result = scomb.results[0]
-            fields.update(num_experts=1, top_k=1, hidden=2 * kh13s, intermediate=n13s // 2, routing="topk_softmax",
-                          renormalize=False, activation=dialect.py_attr(sglu.attributes["activation"]),
-                          alpha=float(dialect.py_attr(sglu.attributes["alpha"])),
-                          limit=float(dialect.py_attr(sglu.attributes["limit"])), interleaved=False,
+            result = shared_out
+            v = dialect.OpView(shared_glu_op)
+            fields.update(num_experts=1, top_k=1, hidden=shared_hidden, intermediate=fields["shared_intermediate"],
+                          routing="topk_softmax", renormalize=False, activation=v.attr("activation"),
+                          alpha=float(v.attr("alpha")), limit=float(v.attr("limit")), interleaved=False,
                           w13=None, w13_scale=None, w2=None, w2_scale=None)
+        if routed_glu and dialect.OpView(shared_glu_op).attr("activation") != fields["activation"]:
+            raise TritonPlanError("the Triton path runs a shared expert with the routed experts' activation")
     returns = [op for op in ops if op.name == "func.return"]
     if len(returns) != 1 or len(returns[0].operands) != 1 or not _same(returns[0].operands[0], result):
         _refuse_other_ops(ops, matched)
@@ -391,6 +402,8 @@ def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> La
     if fields["hidden"] != _last_dim(x):
         raise TritonPlanError(f"hidden states of width {_last_dim(x)} do not match the weights' H={fields['hidden']}; "
                               "the Triton path does not pad activations")
+    if not layouts:  # the bf16 shared expert alone: no MXFP4 weights to lay out
+        layouts = {ROW_MAJOR.name}
     try:
         if len(layouts) != 1:
             raise PlanError(f"the grouped matmuls' weight layouts {sorted(map(str, layouts))} differ")
@@ -406,9 +419,54 @@ def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> La
         raise TritonPlanError(str(e)) from None
 
 
+def _selected(v: ir.Value, matched: set) -> ir.Value:
+    """``v`` before ``select(0, 0)`` (the engine-shaped [1, N, K] weight of a shared expert, read as [N, K])."""
+    op = _producer(v, "torch.aten.select.int")
+    if op is not None:
+        matched.add(_key(op))
+        return op.operands[0]
+    return v
+
+
+def _match_dense_shared(ops, glu, x, matched: set, weight, fields: dict) -> tuple[ir.Value, ir.Operation, int]:
+    """A shared expert in the activation dtype (shared_format="bf16"): ``linear(x, w13)``, ``mxmoe.glu``,
+    ``linear(., w2)``, optionally times ``sigmoid(linear(x, gate))`` in fp32 and cast back. Fills ``fields``;
+    returns (its output, the glu op, H)."""
+    lin1 = _producer(glu.operands[0], "torch.aten.linear")
+    if lin1 is None or not _same(lin1.operands[0], x) or not _is_none(lin1.operands[2]):
+        raise TritonPlanError("a bf16 shared expert's first linear layer must read the hidden states, without bias")
+    lin2 = [op for op in ops if op.name == "torch.aten.linear" and _same(op.operands[0], glu.results[0])]
+    if len(lin2) != 1 or not _is_none(lin2[0].operands[2]):
+        raise TritonPlanError("a bf16 shared expert's GLU output must feed one linear layer without bias")
+    lin2 = lin2[0]
+    if dialect.OpView(glu).attr("interleaved"):
+        raise TritonPlanError("the Triton path runs a shared expert with gate rows then up rows")
+    matched |= {_key(glu), _key(lin1), _key(lin2)}
+    w13 = weight(_selected(lin1.operands[1], matched), "shared_w13")
+    w2 = weight(_selected(lin2.operands[1], matched), "shared_w2")
+    out = lin2.results[0]
+    mul = [op for op in ops if op.name == "torch.aten.mul.Tensor" and _same(_to_f32(op.operands[0], set()), out)]
+    if mul:
+        mul = mul[0]
+        _to_f32(mul.operands[0], matched)
+        sig = _producer(mul.operands[1], "torch.aten.sigmoid")
+        lin = None if sig is None else _producer(_to_f32(sig.operands[0], matched), "torch.aten.linear")
+        if lin is None or not _same(lin.operands[0], x) or not _is_none(lin.operands[2]):
+            raise TritonPlanError("the shared expert's gate must be sigmoid(linear(x, gate weight))")
+        cast = [op for op in ops if op.name == "torch.aten.to.dtype" and _same(op.operands[0], mul.results[0])]
+        if len(cast) != 1:
+            raise TritonPlanError("a gated bf16 shared expert's output must be cast back to the activation dtype")
+        matched |= {_key(mul), _key(sig), _key(lin), _key(cast[0])}
+        fields.update(shared_gate=True, shared_gate_weight=weight(lin.operands[1], "the shared expert's gate weight"))
+        out = cast[0].results[0]
+    n13, h = w13.shape[-2:]
+    fields.update(shared_intermediate=n13 // 2, shared_w13=w13, shared_w2=w2, shared_format="bf16")
+    return out, glu, h
+
+
 def plan_triton(module: ir.Module, target: Target, *, deterministic: bool = False,
                 batch_invariant: bool = False) -> KernelPlan:
-    """Kernel plan for ``module`` (already through ``mxmoe_pipeline``, one entry function) on Triton target
+    """Kernel plan for ``module`` (already through the target's passes, one entry function) on Triton target
     ``target``."""
     plans = plan_entries(module, target, deterministic=deterministic, batch_invariant=batch_invariant)
     if len(plans) != 1:

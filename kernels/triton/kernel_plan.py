@@ -215,6 +215,8 @@ class LayerInfo:
     #: a shared expert (MXFP4, gate rows then up rows) of this intermediate size, 0 for none; gated by sigmoid
     shared_intermediate: int = dataclasses.field(default=0, kw_only=True)
     shared_gate: bool = dataclasses.field(default=False, kw_only=True)
+    #: its weights: "mxfp4" (run as one more grouped expert) or "bf16" (the activation dtype: dense GEMMs)
+    shared_format: str = dataclasses.field(default="mxfp4", kw_only=True)
     #: "sigmoid_topk"'s expert groups (docs/routing.md): keep the ``topk_group`` best of ``n_group``
     n_group: int = dataclasses.field(default=1, kw_only=True)
     topk_group: int = dataclasses.field(default=1, kw_only=True)

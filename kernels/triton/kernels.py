@@ -37,6 +37,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "combine_gemm": ("_gemm_kernels", "combine_gemm_kernel"),
     "cast": ("_gemm_kernels", "cast_kernel"),
     "combine_slots": ("_gemm_kernels", "combine_slots_kernel"),
+    "dense_glu": ("_dense_kernels", "dense_glu_kernel"),
+    "dense_out": ("_dense_kernels", "dense_out_kernel"),
 }
 
 _copies: dict[tuple[str, bool], object] = {}

@@ -91,8 +91,11 @@ class LayerSpec(LayerInfo):
         kernel_layout(self.layout)
         need = {"layer": ("router_weight", "w13", "w2"), "monolithic": ("w13", "w2"), "modular": ("w13", "w2"),
                 "shared": ("shared_w13", "shared_w2")}[self.entry]
+        if self.shared_format not in ("mxfp4", "bf16"):
+            raise PlanError(f"shared_format must be 'mxfp4' or 'bf16', got {self.shared_format!r}")
         if self.shared_intermediate:
-            need += ("shared_w13", "shared_w13_scale", "shared_w2", "shared_w2_scale")
+            need += ("shared_w13", "shared_w2") + (("shared_w13_scale", "shared_w2_scale") if self.mxfp4_shared
+                                                    else ())
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
             raise PlanError(f"a {self.entry} entry needs the weights {', '.join(missing)}")
@@ -101,12 +104,18 @@ class LayerSpec(LayerInfo):
         if self.shared_gate and self.shared_gate_weight is None:
             raise PlanError("a gated shared expert needs its gate weight")
         if self.routing not in ROUTINGS:
-            raise PlanError(f"routing {self.routing!r} is not one the Triton kernels run (known: {', '.join(ROUTINGS)})")
+            raise PlanError(f"routing {self.routing!r} is not one the Triton kernels run (known: "
+                            f"{', '.join(ROUTINGS)})")
         if self.activation not in ACTIVATIONS:
             raise PlanError(f"activation {self.activation!r} is not one the Triton kernels run (known: "
                             f"{', '.join(ACTIVATIONS)})")
         if (self.score_bias is not None or self.n_group != 1) and self.routing != "sigmoid_topk":
             raise PlanError(f"a correction bias and expert groups are 'sigmoid_topk''s, not {self.routing!r}'s")
+
+    @property
+    def mxfp4_shared(self) -> bool:
+        """Whether the shared expert's weights are MXFP4 (else in the activation dtype: :func:`_dense_shared`)."""
+        return self.shared_format == "mxfp4"
 
     def info(self) -> LayerInfo:
         return LayerInfo(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayerInfo)})
@@ -277,6 +286,8 @@ def _parameters(spec: LayerSpec) -> dict[str, Parameter]:
     for operand, role in _ROLES:
         weight = getattr(spec, operand)
         if weight is not None:
+            if operand in ("shared_w13", "shared_w2") and not spec.mxfp4_shared:
+                role = "dense"  # in the activation dtype, read as stored
             out[weight.name] = Parameter(role, operand, tuple(weight.shape), weight.dtype)
     return out
 
@@ -323,6 +334,7 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         "shared_block_start": Buffer("int32", ("NBS",)),
         "shared_weights": Buffer("float32", ("T",)),
         "shared_activations": Buffer("bfloat16", ("T", max(S, 1))),
+        "shared_dense_act": Buffer(spec.dtype, ("T", max(S, 1))),
         "shared_rows": Buffer(spec.dtype, ("SHR", H)),
         "output": Buffer(spec.dtype, ("T", H)),
     }
@@ -439,6 +451,8 @@ def _shared_expert(spec: LayerSpec, layout: Layout, cls: str, s13: TileConfig, s
             Arg.buffer("out_ptr", "shared_weights"), Arg.scalar("num_tokens", "T")],
             dict(HIDDEN=H, BLOCK_T=16, BLOCK_H=min(256, max(16, _pow2(H))), ROUND_BF16=spec.dtype == "bfloat16"), 4, 1)
         launches.append(Launch(entry, ("cdiv(T, 16)",)))
+    if not spec.mxfp4_shared:
+        return launches + _dense_shared(spec, cls, s13, slot_rows, kernels)
     entry = kernels.add(f"dense_groups.{s13.BLOCK_M}", "dense_groups", [
         *_SHARED_GROUPS, Arg.scalar("num_tokens", "T"), Arg.scalar("num_blocks", "NBS")],
         dict(BLOCK_M=s13.BLOCK_M, BLOCK=1024), 4, 1)
@@ -456,6 +470,37 @@ def _shared_expert(spec: LayerSpec, layout: Layout, cls: str, s13: TileConfig, s
     return launches
 
 
+#: tiles of the dense shared expert's GEMMs (``dense_glu`` / ``dense_out``): BLOCK_M the class's, at most 64
+DENSE_BLOCK_N, DENSE_BLOCK_K = 64, 64
+
+
+def _dense_shared(spec: LayerSpec, cls: str, s13: TileConfig, slot_rows: bool, kernels: _Kernels) -> list[Launch]:
+    """A shared expert in the activation dtype (bf16 weights): ``dense_glu`` (x @ w13^T, its GLU) then
+    ``dense_out`` (@ w2^T, times the gate), rounded as the reference's linear layers round, added into the
+    accumulator, or (slot-row classes) written to the shared rows the deterministic combine adds with weight 1."""
+    H, S = spec.hidden, spec.shared_intermediate
+    bm = min(64, max(16, s13.BLOCK_M))
+    common = dict(IEEE_FP32=spec.dtype == "float32", ROUND_BF16=spec.dtype == "bfloat16", BLOCK_M=bm,
+                  BLOCK_N=DENSE_BLOCK_N, BLOCK_K=DENSE_BLOCK_K)
+    glu = kernels.add(f"dense_glu.{bm}", "dense_glu", [
+        Arg.input("x_ptr"), Arg.param("w_ptr", spec.shared_w13.name), Arg.buffer("act_ptr", "shared_dense_act"),
+        Arg.scalar("num_tokens", "T")],
+        dict(HIDDEN=H, INTERMEDIATE=S, SWIGLU_OAI=spec.activation == "swiglu_oai",
+             ACTIVATION=ACTIVATIONS[spec.activation], ALPHA=spec.alpha, LIMIT=spec.limit, **common), 4, 2)
+    gate = Arg.buffer("gate_ptr", "shared_weights") if spec.shared_gate else Arg.none("gate_ptr")
+    out = kernels.add(f"dense_out.{bm}", "dense_out", [
+        Arg.buffer("a_ptr", "shared_dense_act"), Arg.param("w_ptr", spec.shared_w2.name), gate,
+        Arg.buffer("out_ptr", "shared_rows" if slot_rows else "accumulator"), Arg.scalar("num_tokens", "T")],
+        dict(HIDDEN=H, INTERMEDIATE=S, GATED=spec.shared_gate, ADD=not slot_rows, **common), 4, 2)
+    return [Launch(glu, (f"cdiv(T, {bm})", f"cdiv({S}, {DENSE_BLOCK_N})")),
+            Launch(out, (f"cdiv(T, {bm})", f"cdiv({H}, {DENSE_BLOCK_N})"))]
+
+
+def _gated_in_combine(spec: LayerSpec) -> bool:
+    """Whether the combine multiplies the shared rows by the gate (MXFP4: yes; bf16: ``dense_out`` did)."""
+    return spec.shared_gate and spec.mxfp4_shared
+
+
 def _combine_slots(spec: LayerSpec, split: int, kernels: _Kernels) -> Launch:
     """The deterministic combine of the slot rows (``combine_slots``), into the output."""
     rows = "slot_rows" if split == 1 else "slot_partials"
@@ -465,14 +510,14 @@ def _combine_slots(spec: LayerSpec, split: int, kernels: _Kernels) -> Launch:
         Arg.buffer("out_ptr", "output"), Arg.scalar("num_tokens", "T"), *_shared_row_args(spec, True)],
         dict(HIDDEN=spec.hidden, TOP_K=spec.top_k, SPLIT_K=split, ROUND_ROWS=split > 1 and spec.dtype == "bfloat16",
              UNIT_WEIGHTS=spec.weight_on_input, BLOCK_T=SLOTS_BLOCK_T, BLOCK_H=block_h,
-             SHARED=bool(spec.shared_intermediate), SHARED_GATE=spec.shared_gate), 4, 1)
+             SHARED=bool(spec.shared_intermediate), SHARED_GATE=_gated_in_combine(spec)), 4, 1)
     return Launch(entry, (f"cdiv(T, {SLOTS_BLOCK_T})", f"cdiv({spec.hidden}, {block_h})"))
 
 
 def _shared_row_args(spec: LayerSpec, slot_rows: bool) -> list[Arg]:
     """The shared expert's rows and gate as the deterministic combine reads them (dummies where it does not)."""
     if slot_rows and spec.shared_intermediate:
-        gate = Arg.buffer("shared_w_ptr", "shared_weights") if spec.shared_gate else Arg.none("shared_w_ptr")
+        gate = Arg.buffer("shared_w_ptr", "shared_weights") if _gated_in_combine(spec) else Arg.none("shared_w_ptr")
         return [Arg.buffer("shared_rows_ptr", "shared_rows"), gate]
     return [Arg.none("shared_rows_ptr", spec.dtype), Arg.none("shared_w_ptr")]
 
@@ -700,7 +745,7 @@ def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fu
                   ROUND_ROWS=slot_rows and split > 1 and spec.dtype == "bfloat16", UNIT_WEIGHTS=unit)
     shared_rows = slot_rows and bool(spec.shared_intermediate) and fuse_cast
     if shared_rows:
-        consts.update(SHARED=True, SHARED_GATE=spec.shared_gate)
+        consts.update(SHARED=True, SHARED_GATE=_gated_in_combine(spec))
     cast_to = Arg.buffer("cast_ptr", "output") if fuse_cast else Arg.none("cast_ptr")
     if rows_to is not None:
         rows, ids = Arg.buffer("rows_ptr", rows_to), Arg.none("ids_ptr", "int32")

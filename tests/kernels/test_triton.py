@@ -465,6 +465,112 @@ def test_expert_parallel_routing_maps_and_groups_local_pairs(T, E_local):
     assert_groups(bufs, local, ex, T)
 
 
+#: routers of the common families (docs/routing.md) as the routing kernels take them: LayerSpec fields, E, k
+ROUTER_CASES = {
+    "sigmoid_topk-bias-renorm": (dict(routing="sigmoid_topk", renormalize=True), 16, 3, True),
+    "sigmoid_topk-groups-scaled": (dict(routing="sigmoid_topk", renormalize=True, n_group=4, topk_group=2,
+                                        scaling=2.5), 32, 5, True),
+    "sigmoid_topk-groups-no-bias": (dict(routing="sigmoid_topk", n_group=8, topk_group=3), 32, 6, False),
+    "topk_sigmoid-k1": (dict(routing="topk_sigmoid"), 16, 1, False),
+    "softmax_topk-renorm-scaled": (dict(routing="softmax_topk", renormalize=True, scaling=0.5), 12, 3, False),
+    "topk_softmax-fp32-router": (dict(router_fp32=True), 16, 2, False),
+}
+
+
+def router_case(name, tie_groups=False):
+    """(spec, weights, reference (weights, ids)) of a ROUTER_CASES layer (bf16, H=256): x and the router weight
+    multiples of 1/8 in [-3/8, 3/8] and the router bias i/1024, so every logit is exact (in fp32 and in bf16 after
+    the one rounding) and the reference's routing is the kernels' up to exp's last bit. ``tie_groups``: experts
+    16-23 copy 8-15's router rows and bias, both raised by 4 (groups 1 and 3 of 4 tie as the best two)."""
+    from types import SimpleNamespace
+
+    from mxmoe.core.reference import route
+
+    fields, E, k, score_bias = ROUTER_CASES[name]
+    H, fp32 = 256, fields.get("router_fp32", False)
+    spec = dataclasses.replace(layer_spec(E, k, H, 32, bias=False), **fields)
+    if score_bias:
+        spec = dataclasses.replace(spec, score_bias=StoredWeight("score_bias", (E,), "float32"))
+    if fp32:
+        spec = dataclasses.replace(spec, router_weight=StoredWeight("router_weight", (E, H), "float32"),
+                                   router_bias=StoredWeight("router_bias", (E,), "float32"))
+    gen = torch.Generator().manual_seed(E + k)
+    weights = random_weights(layer_spec(E, k, H, 32, bias=False))
+    rdt = torch.float32 if fp32 else torch.bfloat16
+    w = torch.randint(-3, 4, (E, H), generator=gen).float() / 8
+    b = torch.arange(E).float() / 1024
+    if tie_groups:
+        b[8:16] += 4
+        w[16:24], b[16:24] = w[8:16], b[8:16]
+    weights["router_weight"], weights["router_bias"] = w.to(rdt), b.to(rdt)
+    sb = None
+    if score_bias:
+        sb = (torch.randn(E, generator=gen) / 8).float()
+        weights["score_bias"] = sb
+    cfg = SimpleNamespace(top_k=k, routing=spec.routing, renormalize=spec.renormalize, n_group=spec.n_group,
+                          topk_group=spec.topk_group, routed_scaling_factor=spec.scaling)
+
+    def reference(x):
+        logits = x.float() @ w.T + b  # exact
+        logits = logits if fp32 else logits.bfloat16().float()
+        rw, ids = route(logits.numpy(), cfg, None if sb is None else sb.numpy())
+        return torch.from_numpy(rw), torch.from_numpy(ids).int()
+
+    return spec, weights, reference
+
+
+@pytest.mark.parametrize("T", [3, 40, 100, 1100])
+@pytest.mark.parametrize("name", list(ROUTER_CASES))
+def test_routers_of_the_families_in_every_router_kernel(name, T):
+    """sigmoid_topk (correction bias, expert groups, renormalised with the slot-order sum + 1e-20), topk_sigmoid,
+    routed_scaling_factor and fp32 routers in each router kernel (3 tokens: router_route_group, 40: the decode
+    class's, 100: router_gemm + route_partials, 1100: router_route) against ``mxmoe.core.reference.route``: the
+    same ids, the weights to exp's last bits, and every class of one plan alike (the contract: docs/routing.md)."""
+    spec, weights, reference = router_case(name)
+    ex = executor(spec, weights, 90)
+    x = (torch.randint(-3, 4, (T, 256), generator=torch.Generator().manual_seed(T)).float() / 8).bfloat16()
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
+    ref_w, ref_ids = reference(x)
+    assert torch.equal(bufs["expert_ids"].cpu(), ref_ids)
+    torch.testing.assert_close(bufs["routing_weights"].cpu(), ref_w, atol=1e-6, rtol=1e-5)
+    kinds = {ex.kernel_plan.kernels[lc.kernel].kernel for lc in ex.kernel_plan.shape_class(T).launches}
+    assert kinds & ROUTERS == {3: {"router_route_group"}, 40: {"router_route_group"},
+                              100: {"router_gemm", "route_partials"}, 1100: {"router_route"}}[T]
+
+
+@pytest.mark.parametrize("T", [5, 100])
+def test_tied_expert_groups_go_to_the_lower_group(T):
+    """Two groups with equal scores (the same router rows): the lower group is kept, and inside the kept groups
+    equal choice values go to the lower expert, as the reference's stable sorts do."""
+    spec, weights, reference = router_case("sigmoid_topk-groups-no-bias", tie_groups=True)
+    spec = dataclasses.replace(spec, n_group=4, topk_group=1, top_k=4)
+    ex = executor(spec, weights, 90)
+    x = (torch.randint(-3, 4, (T, 256), generator=torch.Generator().manual_seed(T)).float() / 8).bfloat16()
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
+    from types import SimpleNamespace
+
+    from mxmoe.core.reference import route
+
+    logits = (x.float() @ weights["router_weight"].float().T + weights["router_bias"].float()).bfloat16().float()
+    cfg = SimpleNamespace(top_k=4, routing="sigmoid_topk", renormalize=False, n_group=4, topk_group=1,
+                          routed_scaling_factor=1.0)
+    ref_w, ref_ids = route(logits.numpy(), cfg)
+    assert torch.equal(bufs["expert_ids"].cpu(), torch.from_numpy(ref_ids).int())
+    torch.testing.assert_close(bufs["routing_weights"].cpu(), torch.from_numpy(ref_w), atol=1e-6, rtol=1e-5)
+    ids = bufs["expert_ids"].cpu()
+    assert bool(((ids >= 8) & (ids < 16)).all())  # group 1, never its twin 3
+
+
+def test_the_planner_refuses_what_the_kernels_do_not_run():
+    spec = layer_spec(8, 2, 64, 96)
+    with pytest.raises(PlanError, match="routing 'sparsemixer' is not one the Triton kernels run"):
+        dataclasses.replace(spec, routing="sparsemixer")
+    with pytest.raises(PlanError, match="activation 'relu2' is not one the Triton kernels run"):
+        dataclasses.replace(spec, activation="relu2")
+    with pytest.raises(PlanError, match="expert groups are 'sigmoid_topk''s"):
+        dataclasses.replace(spec, n_group=2, topk_group=1)
+
+
 def earlier_plan(plan: dict) -> dict:
     """``plan`` as plans built before 2026-11-24 ran the few-token classes (artifacts of then still name these
     kernels): gemv routed and sorted its pairs in one program (``route_and_group``) after its own router launch;
@@ -481,7 +587,9 @@ def earlier_plan(plan: dict) -> dict:
             consts = {name: c[name] for name in consts} if isinstance(consts, tuple) else consts
             name = f"{kernel}.{cls['name']}.earlier"
             plan["kernels"][name] = {"kernel": kernel, "constexprs": consts, "num_warps": warps, "num_stages": 1,
-                                     "args": [by_name[a] for a in arg_names(kernel) if a not in consts]}
+                                     # constants and run-time arguments added later (with defaults) left out
+                                     "args": [by_name[a] for a in arg_names(kernel)
+                                              if a not in consts and a in by_name]}
             return {"kernel": name, "grid": grid}
 
         route = ("NUM_EXPERTS", "TOP_K", "EXPERTS_POW2", "SLOTS_POW2", "SPLITS", "HAS_BIAS", "ROUND_LOGITS_BF16",
