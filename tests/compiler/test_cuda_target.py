@@ -495,3 +495,21 @@ def test_family_kernels_build_cubins_for_sm90():
         binaries = cm.code.binaries if entry == cm.code.entry_name else cm.code.more[entry][1]
         assert set(binaries) == set(plan["kernels"]) == set(plan["cubins"]), entry
         assert all(blob[:4] == b"\x7fELF" for blob in binaries.values()), entry
+
+
+@pytest.mark.parametrize("T", [100, 1100])
+def test_monolithic_with_an_expert_map_in_the_many_token_routers(T):
+    """The engine's logits through the split router (100 tokens: route_partials) and router_route (1100), routed
+    over 12 global experts and mapped to the 8 local ones (another rank's pairs grouped nowhere), with a sigmoid
+    router: the plans' launches and the output against the reference."""
+    layer = MoE.random(_cfg(global_num_experts=12, routing="sigmoid_topk", renormalize=True,
+                            routed_scaling_factor=1.5, activation="silu", interleaved=False), seed=6)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries=["monolithic"])
+    plan = cm.kernel_plan
+    cls = next(c for c in plan["classes"] if c["max_tokens"] is None or T <= c["max_tokens"])
+    kinds = [plan["kernels"][lc["kernel"]]["kernel"] for lc in cls["launches"]]
+    assert kinds[0] == ("route_partials" if T == 100 else "router_route") and "router_gemm" not in kinds
+    assert plan["kernels"][cls["launches"][0]["kernel"]]["constexprs"]["HAS_MAP"] is True
+    x = _x(T, 64, seed=T)
+    logits = _x(T, 12, seed=T + 1)
+    _check(cm(x, logits), layer.monolithic(x, logits))
