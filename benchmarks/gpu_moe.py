@@ -12,6 +12,9 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   # the cost of the routing issue's options: build and time bundles compiled with one (docs/routing.md)
   python benchmarks/gpu_moe.py --build build/gpu_plans --numerics batch_invariant   # or nondeterministic
   python benchmarks/gpu_moe.py --plans build/gpu_plans --numerics batch_invariant
+  # the w4a8 form (activations quantized to MXFP8; Hopper: fp8 wgmma): build and time its bundles
+  python benchmarks/gpu_moe.py --build build/gpu_plans --activations mxfp8
+  python benchmarks/gpu_moe.py --plans build/gpu_plans --activations mxfp8 --tokens 512,1024,4096,16384
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
 of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
@@ -50,12 +53,15 @@ def model_config(name: str):
 #: a bundle built with one is named MODEL+OPTION
 NUMERICS = ""
 NUMERICS_OPTIONS = {"": {}, "nondeterministic": {"deterministic": False}, "batch_invariant": {"batch_invariant": True}}
+#: the form the expert GEMMs take the activations in (--activations): "bf16" (default) or "mxfp8" (w4a8); a bundle
+#: of the mxfp8 form is named MODEL+mxfp8 (after any numerics option); its error column is against the bf16 baseline
+ACTIVATIONS = "bf16"
 
 
 def bundle_name(name: str) -> str:
     """The plan bundle's folder for a model: the preset's name, or ``shape-E-k-H-I`` (+ the numerics option)."""
     base = "shape-" + name.replace(",", "-") if "," in name else name
-    return base + (f"+{NUMERICS}" if NUMERICS else "")
+    return base + (f"+{NUMERICS}" if NUMERICS else "") + (f"+{ACTIVATIONS}" if ACTIVATIONS != "bf16" else "")
 
 
 # ------------------------------------------------------------------------------------------ build
@@ -71,7 +77,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) ->
         name = bundle_name(model)
         layer = MoE.random(model_config(model), seed=0)
         cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", example_inputs=(torch.randn(4, layer.config.hidden).bfloat16(),),
-                           **NUMERICS_OPTIONS[NUMERICS])
+                           activations=ACTIVATIONS, **NUMERICS_OPTIONS[NUMERICS])
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
         for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
@@ -455,6 +461,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--numerics", choices=list(NUMERICS_OPTIONS), default="",
                     help="build / time the bundles compiled with this option (docs/routing.md)")
+    ap.add_argument("--activations", choices=["bf16", "mxfp8"], default="bf16",
+                    help="build / time the bundles of this activation form (mxfp8: w4a8, docs/nvidia.md)")
     ap.add_argument("--no-check", action="store_true", help="skip the mxmoe-vs-baseline max error column")
     ap.add_argument("--no-baseline", action="store_true", help="skip timing the torch baseline (tile sweeps)")
     ap.add_argument("--breakdown", action="store_true", help="time each kernel launch instead of the table")
@@ -464,8 +472,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", metavar="SPEC", help="JIT sweep of GEMM tiles: 'gemm:N:K:warps:stages;...'")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(";") if m]
-    global NUMERICS
-    NUMERICS = args.numerics
+    global NUMERICS, ACTIVATIONS
+    NUMERICS, ACTIVATIONS = args.numerics, args.activations
     if args.build:
         variants = [[(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]
                     for v in args.variants.split(";") if v]

@@ -72,17 +72,17 @@ def expert_dispatches(ks: dict[str, list[str]]) -> dict[str, list[str]]:
     return {name: lines for name, lines in ks.items() if "matmul_like" in name}
 
 
-def main_loop(lines: list[str]) -> list[str]:
-    """The instructions of the K loop: the innermost loop holding matrix instructions (a loop: a label and the branches
-    back to it; back edges that cross each other, as in a rotated loop, make one loop), the one with the most of them
-    where several are innermost; [] when nothing loops."""
+def _innermost_loop(lines: list[str], label_of, targets_of, matrix) -> tuple[int, int] | None:
+    """(first, last) line of the innermost loop holding the most ``matrix`` lines: a loop is a label and the branches
+    back to it (back edges that cross each other, as in a rotated loop, make one loop); None when nothing loops."""
     labels, spans = {}, []
     for j, line in enumerate(lines):
-        label = re.match(r"^(\.LBB\w+):", line.strip())
+        label = label_of(line)
         if label:
-            labels[label.group(1)] = j
-        elif "branch" in line and line.split()[-1] in labels:  # a label seen before: a backward branch
-            spans.append((labels[line.split()[-1]], j))
+            labels[label] = j
+        for target in targets_of(line):
+            if target in labels:  # a label seen before: a backward branch
+                spans.append((labels[target], j))
     regions: list[list[int]] = []
     for start, end in sorted(spans):
         for r in regions:  # crossing (overlapping, neither inside the other): the same loop
@@ -91,13 +91,55 @@ def main_loop(lines: list[str]) -> list[str]:
                 break
         else:
             regions.append([start, end])
-    mfma = lambda r: sum("v_mfma" in ln for ln in lines[r[0]:r[1] + 1])  # noqa: E731
-    holding = [r for r in regions if mfma(r)]
+    count = lambda r: sum(1 for ln in lines[r[0]:r[1] + 1] if matrix(ln))  # noqa: E731
+    holding = [r for r in regions if count(r)]
     inner = [r for r in holding if not any(o is not r and r[0] <= o[0] and o[1] <= r[1] for o in holding)]
     if not inner:
-        return []
-    start, end = max(inner, key=mfma)
-    return lines[start + 1:end + 1]
+        return None
+    start, end = max(inner, key=count)
+    return start, end
+
+
+def main_loop(lines: list[str]) -> list[str]:
+    """The instructions of the K loop (assembly lines of one kernel): the innermost loop holding matrix instructions,
+    the one with the most of them where several are innermost; [] when nothing loops."""
+    def label_of(line):
+        m = re.match(r"^(\.LBB\w+):", line.strip())
+        return m.group(1) if m else None
+
+    span = _innermost_loop(lines, label_of, lambda ln: [ln.split()[-1]] if "branch" in ln else [],
+                           lambda ln: "v_mfma" in ln)
+    return [] if span is None else lines[span[0] + 1:span[1] + 1]
+
+
+def _ir_loop(body: list[str]) -> list[str]:
+    """The K loop of one LLVM IR function body (the same rule as :func:`main_loop`, on basic blocks and ``br``)."""
+    def label_of(line):
+        m = re.match(r"^([\w.$-]+):", line)
+        return m.group(1) if m else None
+
+    span = _innermost_loop(body, label_of,
+                           lambda ln: re.findall(r"label %([\w.$-]+)", ln) if ln.lstrip().startswith("br ") else [],
+                           lambda ln: "@llvm.amdgcn.mfma" in ln)
+    return [] if span is None else body[span[0]:span[1] + 1]
+
+
+def workgroup_tiles(dump_dir: str | Path) -> dict[str, dict[str, list[int]]]:
+    """Kernel name -> the lowering config IREE chose for its contraction (``workgroup``, ``reduction``, ...: tile
+    sizes per loop of the linalg op, from the dumped ``configured_*.mlir``): which rows and columns one workgroup
+    computes and how many K steps (of 32) one loop iteration takes), and ``workgroup_size`` (threads)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for path in Path(dump_dir).glob("configured_*.mlir"):
+        text = path.read_text()
+        fn = re.search(r"func\.func @(\S+?)\(\)", text)
+        cfg = re.search(r"lowering_config = #iree_gpu\.lowering_config<\{([^}]*)\}>", text)
+        size = re.search(r"workgroup_size = \[([\d, ]+)\]", text)
+        if fn and cfg:
+            out[fn.group(1)] = {k: [int(v) for v in vals.split(",")]
+                                for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", cfg.group(1))}
+            if size:
+                out[fn.group(1)]["workgroup_size"] = [int(v) for v in size.group(1).split(",")]
+    return out
 
 
 #: element type of a dispatch binding -> what it holds in an expert dispatch
@@ -112,11 +154,11 @@ def _load_bytes(llvm_type: str) -> int:
     return count * bits // 8
 
 
-def binding_loads(dump_dir: str | Path) -> dict[str, dict[str, Counter]]:
+def binding_loads(dump_dir: str | Path, loop: bool = False) -> dict[str, dict[str, Counter]]:
     """Kernel name -> {what a binding holds (weights, scales, activations, activation scales, indices, or two of
-    them joined by "+" where one buffer holds both): Counter of load sizes in bytes}, the static loads of each kernel
-    (prologue and loop) traced to its bindings in the LLVM IR IREE dumps (``*.optimized.ll``; kernel argument i is
-    binding i, whose types the dispatch's ``configured_*.mlir`` gives)."""
+    them joined by "+" where one buffer holds both): Counter of load sizes in bytes}, the static global loads of each
+    kernel (``loop``: of its K loop only, one iteration) traced to its bindings in the LLVM IR IREE dumps
+    (``*.optimized.ll``; kernel argument i is binding i, whose types the dispatch's ``configured_*.mlir`` gives)."""
     dump_dir = Path(dump_dir)
     roles: dict[str, dict[int, str]] = {}
     for path in dump_dir.glob("configured_*.mlir"):
@@ -167,7 +209,7 @@ def binding_loads(dump_dir: str | Path) -> dict[str, dict[str, Counter]]:
                 return None
 
             counts: dict[str, Counter] = {}
-            for ln in body:
+            for ln in (_ir_loop(body) if loop else body):
                 lm = re.search(r"= load (<[^>]+>|[a-z0-9]+), ptr addrspace\((?:1|7)\) (%[\w.]+)", ln)
                 if lm:
                     arg = root(lm.group(2))

@@ -221,9 +221,27 @@ class RocmTarget(IreeTarget):
 
 @dataclass(frozen=True)
 class CudaTarget(Target):
-    """An NVIDIA GPU through Triton: a kernel plan and its cubins, compiled ahead of time for the arch."""
+    """An NVIDIA GPU through Triton: a kernel plan and its cubins, compiled ahead of time for the arch.
 
+    ``activations``: "bf16" (default: the activations as the layer has them, MXFP4 weights upcast for the MMA) or
+    "mxfp8" (w4a8: the expert GEMMs read the activations quantized to MXFP8 inside the plan's kernels; sm_100 feeds
+    both operands with their scales to the block-scaled tcgen05 MMA, sm_90 runs fp8 wgmma on weights decoded to
+    e4m3 with their scales folded per K step; both read the weights row-major: ``kernels/triton/_w4a8_kernels.py``,
+    docs/nvidia.md)."""
+
+    activations: str = "bf16"
     backend: ClassVar[str] = "triton"
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("bf16", "mxfp8")
+
+    def with_activations(self, activations: str) -> "CudaTarget":
+        if activations not in self.ACTIVATIONS:
+            raise ValueError(f"target {self.name}: activations must be one of {', '.join(self.ACTIVATIONS)}, "
+                             f"got {activations!r}")
+        if activations == self.activations:
+            return self
+        # the w4a8 kernels read the checkpoint's row-major values (the Hopper words are a bf16-decode layout)
+        layout = ROW_MAJOR if activations == "mxfp8" else dict(TARGET_LAYOUTS)[self.name]
+        return self.replace(activations=activations, layout=layout)
 
     @property
     def runs_torch_tensors(self) -> bool:
@@ -259,6 +277,9 @@ class CudaTarget(Target):
         # it cost under 1% at 1-16384 tokens for gpt-oss-20b/120b (docs/routing.md); batch_invariant implies it
         if deterministic is False and batch_invariant:
             raise ValueError("batch_invariant=True implies deterministic: do not pass deterministic=False with it")
+        if batch_invariant and self.activations != "bf16":
+            raise ValueError(f"target {self.name}: activations={self.activations!r} has no batch-invariant form (its "
+                             "small token tiles swap the MMA's operands); compile with activations='bf16'")
         return {"deterministic": deterministic is not False, "batch_invariant": batch_invariant}
 
     def compile(self, module, parameters, *, extra_flags=(), interpret=False, timings, default_entry="main",
@@ -267,7 +288,8 @@ class CudaTarget(Target):
 
         self.check_module(module)
         plans, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings,
-                                         deterministic=deterministic, batch_invariant=batch_invariant)
+                                         deterministic=deterministic, batch_invariant=batch_invariant,
+                                         activations=self.activations)
         # one plan per entry over one weight set; the default (first) entry's stays where single-entry modules keep it
         first, *rest = plans
         return TritonCode(plans[first], binaries[first], interpret=interpret, entry_name=first,
@@ -275,7 +297,7 @@ class CudaTarget(Target):
 
     def record(self, code, mlir: str = "") -> dict[str, Any]:
         options = (getattr(code, "plan", None) or {}).get("options") or {}
-        return {**super().record(code, mlir),
+        return {**super().record(code, mlir), "activations": self.activations,
                 **self.numerics_record(options.get("deterministic", False), options.get("batch_invariant", False))}
 
 
@@ -283,6 +305,9 @@ class CudaTarget(Target):
 def _warn_once(message: str) -> None:
     warnings.warn(message, stacklevel=4)
 
+
+#: the cuda targets' default (bf16-activation) weight layouts
+TARGET_LAYOUTS = (("cuda:sm_90", TRITON_HOPPER_TILED), ("cuda:sm_100", ROW_MAJOR))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     CpuTarget("cpu", "host", CPU_BLOCKSPLIT, device="this kind of CPU"),

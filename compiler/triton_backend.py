@@ -25,14 +25,16 @@ from mxmoe.kernels.triton.planner import fit_scale_range
 
 def compile_triton(module: ir.Module, parameters: Mapping[str, np.ndarray], target: Target, *,
                    interpret: bool = False, timings: dict[str, float] | None = None, deterministic: bool = False,
-                   batch_invariant: bool = False) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, bytes]]]:
+                   batch_invariant: bool = False,
+                   activations: str = "bf16") -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, bytes]]]:
     """({entry: kernel plan}, {entry: {plan kernel name: cubin}}) for ``module``, one plan per entry function (in the
     module's order) over the same weights; cubins are empty with ``interpret``, and a kernel that two entries'
-    plans share is compiled once. ``deterministic`` / ``batch_invariant``: the plans' options
+    plans share is compiled once. ``deterministic`` / ``batch_invariant`` / ``activations``: the plans' options
     (``mxmoe.kernels.triton.kernel_plan.PlanOptions``)."""
     timings = timings if timings is not None else {}
     t0 = time.perf_counter()
-    plans = plan_entries(module, target, deterministic=deterministic, batch_invariant=batch_invariant)
+    plans = plan_entries(module, target, deterministic=deterministic, batch_invariant=batch_invariant,
+                         activations=activations)
     for entry, plan in plans.items():
         missing = sorted(set(plan.parameters) - set(parameters))
         if missing:

@@ -465,19 +465,20 @@ def _match_dense_shared(ops, glu, x, matched: set, weight, fields: dict) -> tupl
 
 
 def plan_triton(module: ir.Module, target: Target, *, deterministic: bool = False,
-                batch_invariant: bool = False) -> KernelPlan:
+                batch_invariant: bool = False, activations: str = "bf16") -> KernelPlan:
     """Kernel plan for ``module`` (already through the target's passes, one entry function) on Triton target
     ``target``."""
-    plans = plan_entries(module, target, deterministic=deterministic, batch_invariant=batch_invariant)
+    plans = plan_entries(module, target, deterministic=deterministic, batch_invariant=batch_invariant,
+                         activations=activations)
     if len(plans) != 1:
         raise TritonPlanError(f"the Triton path needs exactly one entry function, found {len(plans)}")
     return next(iter(plans.values()))
 
 
-def plan_entries(module: ir.Module, target: Target, *, deterministic: bool = False,
-                 batch_invariant: bool = False) -> dict[str, KernelPlan]:
+def plan_entries(module: ir.Module, target: Target, *, deterministic: bool = False, batch_invariant: bool = False,
+                 activations: str = "bf16") -> dict[str, KernelPlan]:
     """A kernel plan per entry function of ``module`` (by function name, in the module's order), over the same
-    weight globals."""
+    weight globals. ``activations``: the plans' activation form (``plan_layer``)."""
     if target.backend != "triton":
         raise ValueError(f"{target.name} is not a Triton target")
     plans = {}
@@ -487,10 +488,11 @@ def plan_entries(module: ir.Module, target: Target, *, deterministic: bool = Fal
             name = dialect.py_attr(func.attributes["sym_name"])
             try:
                 layer = match_layer(module.operation, func)
+                plans[name] = plan_layer(layer, int(target.arch.removeprefix("sm_")), target.name,
+                                         deterministic=deterministic, batch_invariant=batch_invariant,
+                                         activations=activations)
             except VerifyError as e:
                 raise TritonPlanError(str(e)) from None
-            except TritonPlanError as e:
+            except (TritonPlanError, PlanError) as e:
                 raise TritonPlanError(f"entry {name}: {e}" if len(funcs) > 1 else str(e)) from None
-            plans[name] = plan_layer(layer, int(target.arch.removeprefix("sm_")), target.name,
-                                     deterministic=deterministic, batch_invariant=batch_invariant)
     return plans

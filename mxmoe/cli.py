@@ -267,6 +267,8 @@ def cmd_compile(args) -> int:
 
     import mxmoe
 
+    if args.shard:
+        return _compile_sharded(args, target, out, source, desc, ckpt, t_all)
     entries = None
     if args.entries:
         from mxmoe.torch_frontend import MoE
@@ -278,7 +280,7 @@ def cmd_compile(args) -> int:
                f"{'iree-compile' if target.backend == 'iree' else 'triton'})", args.quiet):
         try:
             compiled = mxmoe.compile(source, target=target, example_inputs=example, entries=entries,
-                                     **_numerics_flags(args))
+                                     activations=args.activations, **_numerics_flags(args))
         except (ValueError, NotImplementedError) as e:
             if entries is None:
                 raise
@@ -334,6 +336,53 @@ def cmd_compile(args) -> int:
     wdesc = (f"embedded, {len(sets)} set(s), {_human(weight_bytes)}" if args.weights == "embedded"
              else f"external ({len(sets)} source(s)), read at load time")
     print(f"  wrote   {out}: {_human(size)} (module {_human(module_bytes)}, weights {wdesc})")
+    return 0
+
+
+def _compile_sharded(args, target, out: Path, source, desc: dict, ckpt, t_all: float) -> int:
+    """``compile --shard``: one MoE layer cut over ranks, one artifact with each rank's weight set."""
+    from mxmoe.shard_artifact import parse_layout, save_sharded
+    from mxmoe.torch_frontend import MoE
+
+    try:
+        layout = parse_layout(args.shard)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if not isinstance(source, MoE):
+        raise CliError("--shard cuts an MoE layer (--preset or a checkpoint with --layer), not this SOURCE")
+    if args.entries:
+        raise CliError("--shard compiles the entries a rank's part needs (modular, or modular_routed and shared); "
+                       "drop --entries")
+    if args.weights != "embedded":
+        raise CliError("--shard stores every rank's weights in the artifact: use --weights embedded")
+    layers = None
+    if ckpt is not None and len(ckpt["layers"]) > 1:  # every layer's parts in one artifact: sets layer.N.rank.R
+        from mxmoe.core.checkpoint import read_hf_gpt_oss
+        from mxmoe.core.hf_checkpoint import read_hf_moe
+
+        read = read_hf_moe if ckpt.get("family") else read_hf_gpt_oss
+        layers = {f"layer.{n}": (lambda n=n: read(ckpt["path"], n)) for n in ckpt["layers"]}
+    ep, tp = layout
+    with _Step(f"compiling rank parts (ep={ep}, tp={tp}) for {target.name} and writing {out}", args.quiet):
+        try:
+            compiled, manifest = save_sharded(source, out, layout, target, layers=layers, source=desc,
+                                              activations=args.activations, **_numerics_flags(args))
+        except (ValueError, NotImplementedError) as e:
+            raise CliError(str(e)) from None
+    total = time.perf_counter() - t_all
+    secs = {s["name"]: s["size"] for s in manifest["sections"]}
+    per_rank = [v for k, v in secs.items() if k.startswith("weights/")]
+    c = source.config
+    part = f"{c.num_experts // ep} experts x intermediate {c.intermediate // tp} a rank"
+    whole = _describe_source(desc, compiled).split("[", 1)[-1]
+    print(f"compiled MoE layer (E={c.num_experts}, k={c.top_k}, H={c.hidden}, I={c.intermediate}) [{whole} cut "
+          f"ep={ep} x tp={tp} = {ep * tp} ranks ({part}) for {target.name} in {total:.1f} s")
+    for e in compiled.entries:
+        print(f"  entry   {e.describe()} (each rank's part)")
+    names = (f"{ep * tp} weight sets rank.0..rank.{ep * tp - 1}" if layers is None else
+             f"{len(per_rank)} weight sets layer.N.rank.R for {len(layers)} layers")
+    print(f"  wrote   {out}: {_human(out.stat().st_size)} ({names}, {_human(max(per_rank))} each; a rank maps only "
+          "its own)")
     return 0
 
 
@@ -568,6 +617,13 @@ def cmd_inspect(args) -> int:
                  "biases" if c["bias"] else "no biases"]
         print(f"  layer       MoE: {c['num_experts']} experts, top-{c['top_k']}, hidden {c['hidden']}, "
               f"intermediate {c['intermediate']} ({', '.join(flags)})")
+    shard = m.get("shard")
+    if shard:
+        c = shard["layer"]
+        sets = "layer.N.rank.R is rank R's part of layer N" if shard.get("layers") else "rank.R is rank R's part"
+        print(f"  sharded     ep={shard['ep']} x tp={shard['tp']} = {shard['world']} ranks of a layer of "
+              f"{c['num_experts']} experts, intermediate {c['intermediate']} (weight set {sets}; run with "
+              "mxmoe.distributed.load)")
     src = m.get("source")
     if src:
         print(f"  source      {', '.join(f'{k}={v}' for k, v in src.items())}")
@@ -641,6 +697,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-invariant", action="store_true",
                    help="a token's output bits do not depend on its batch (cuda: every token-count class reduces "
                         "alike; implies --deterministic); docs/routing.md")
+    c.add_argument("--shard", metavar="LAYOUT", help="cut MoE layers over ranks: ep:N, tp:N or ep:A,tp:B; writes "
+                   "one artifact with a weight set per rank (rank.R; layer.N.rank.R for a whole checkpoint), run with "
+                   "mxmoe.distributed.load under torchrun (docs/distributed.md)")
+    c.add_argument("--activations", choices=("bf16", "mxfp8"), default=None,
+                   help="the form the expert GEMMs take the activations in: bf16 (default) or mxfp8 (w4a8: "
+                        "rocm:gfx950, cuda:sm_90, cuda:sm_100; docs/nvidia.md, docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
 

@@ -12,12 +12,14 @@ computation with a different cut of the weights (docs/distributed.md):
   **ep+tp**: both at once, ``rank = ep_rank * tp + tp_rank``;
 * the exchange: ``allgather`` (default, and the only one for tp > 1): the tokens and their routing are gathered
   from all ranks, each rank computes its experts' (or slices') partial outputs for all of them, and a
-  reduce-scatter sums the partials back to the rank that owns each token; ``all_to_all`` (ep only): a token is
+  reduce-scatter (an all-to-all of the fp32 partials, summed by the owner in rank order) sums them back to the
+  rank that owns each token; ``all_to_all`` (ep only): a token is
   sent only to the ranks that hold one of its experts, and the partial outputs come back the same way;
 * the shared expert (if any) runs once per token, on the rank that owns it.
 
 Partial outputs cross the wire in fp32 and are summed in rank order, so the result is deterministic; it differs
 from the single-process layer by the rounding of each rank's partial to the activation dtype (a few ulps).
+Ahead of time: :mod:`mxmoe.shard_artifact` (one artifact, a weight set per rank; :func:`load` here).
 """
 
 from __future__ import annotations
@@ -43,12 +45,21 @@ from mxmoe.torch_frontend.moe import MoE
 #: torch >= 2.12 calls it all_gather_single (all_gather_into_tensor warns there); the GPU machines run 2.11
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-__all__ = ["ShardSpec", "ShardedMoE", "shard", "DistributedError", "DEFAULT_TIMEOUT"]
+__all__ = ["ShardSpec", "ShardedMoE", "shard", "shard_model", "load", "DistributedError", "DEFAULT_TIMEOUT"]
 
 #: how long a collective may wait for the other ranks before it fails (a rank that died or hangs): the process
 #: group's own timeout, which ``torch.distributed.init_process_group(timeout=...)`` sets; this is what mxmoe's
 #: tests and benchmark use
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+#: why a sharded layer is a graph break under torch.compile (dynamo shows it, e.g. with ``fullgraph=True``)
+_GRAPH_BREAK = ("mxmoe ShardedMoE runs outside the compiled graph: its collectives exchange data-dependent "
+                "token counts; compile without fullgraph=True (the rest of the model is still compiled)")
+try:
+    _outside_the_graph = torch.compiler.disable(reason=_GRAPH_BREAK)
+except TypeError:  # torch without disable(reason=...)
+    _outside_the_graph = torch.compiler.disable
 
 
 class DistributedError(RuntimeError):
@@ -116,7 +127,7 @@ def parse_mode(mode, world: int) -> tuple[int, int]:
 
 def shard_weights(w: MoEWeights, spec: ShardSpec) -> MoEWeights:
     """This rank's weights: its experts (an expert map from global ids), its slice of each one's intermediate
-    dimension (w2's bias on the first slice only), the router and the shared expert whole."""
+    dimension (w2's bias on the first slice only), and the shared expert whole; not the router."""
     cfg = w.config
     if cfg.expert_parallel:
         raise ValueError("shard: the layer is already a shard (it has an expert map); shard the whole layer")
@@ -134,13 +145,16 @@ def shard_weights(w: MoEWeights, spec: ShardSpec) -> MoEWeights:
     first = spec.tp_rank == 0
     w13_bias = None if w.w13_bias is None else w.w13_bias[experts][:, rows]
     w2_bias = None if w.w2_bias is None else (w.w2_bias[experts] if first else np.zeros_like(w.w2_bias[experts]))
-    local = cfg.replace(num_experts=len(experts), intermediate=size, global_num_experts=cfg.num_experts)
+    # no router: a part runs the modular entry on the ids the replicated router chose (ShardedMoE holds it)
+    local = cfg.replace(num_experts=len(experts), intermediate=size, global_num_experts=cfg.num_experts,
+                        router=False, router_bias=False, score_bias=False)
     return MoEWeights(
-        local, w.router_weight, w.router_bias,
+        local, None, None,
         w13=w.w13[experts][:, rows], w13_scale=w.w13_scale[experts][:, rows], w13_bias=w13_bias,
         w2=w.w2[experts][:, :, i0 // 2: i1 // 2], w2_scale=w.w2_scale[experts][:, :, i0 // MXFP4_BLOCK: i1 // MXFP4_BLOCK],
         w2_bias=w2_bias, expert_map=expert_map, shared_w13=w.shared_w13, shared_w13_scale=w.shared_w13_scale,
-        shared_w2=w.shared_w2, shared_w2_scale=w.shared_w2_scale, shared_gate_weight=w.shared_gate_weight)
+        shared_w2=w.shared_w2, shared_w2_scale=w.shared_w2_scale, shared_gate_weight=w.shared_gate_weight,
+        )
 
 
 # ============================================================================================ the module
@@ -151,16 +165,36 @@ class ShardedMoE(nn.Module):
 
     def __init__(self, layer: MoE, spec: ShardSpec, group=None, dispatch: str = "auto"):
         super().__init__()
+        if not layer.config.router:
+            raise ValueError("shard: the layer needs its own router (each rank routes its tokens)")
+        self._setup(layer.config, layer.dtype, spec, group, dispatch, layer.router_weight, layer.router_bias,
+                    getattr(layer, "score_bias", None))
+        self.local = MoE(shard_weights(layer.to_weights(), spec), dtype=layer.dtype)
+
+    @classmethod
+    def from_compiled(cls, config, dtype, spec: ShardSpec, compiled, router: dict, group=None,
+                      dispatch: str = "auto") -> "ShardedMoE":
+        """A part whose experts run ``compiled`` (a module with the "modular" entry, or "modular_routed" and
+        "shared"; e.g. a rank's weight set loaded from a sharded artifact) and that routes with ``router``
+        (``router_weight``, ``router_bias``, ``score_bias`` tensors of the whole layer, replicated)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._setup(config, dtype, spec, group, dispatch, router["router_weight"], router.get("router_bias"),
+                    router.get("score_bias"))
+        self.local = None
+        self._compiled = compiled
+        return self
+
+    def _setup(self, config, dtype, spec, group, dispatch, router_weight, router_bias, score_bias) -> None:
         if dispatch not in ("auto", "allgather", "all_to_all"):
             raise ValueError(f"shard: dispatch must be 'auto', 'allgather' or 'all_to_all', got {dispatch!r}")
         if dispatch == "all_to_all" and spec.tp > 1:
             raise ValueError("shard: dispatch 'all_to_all' sends tokens to the ranks of their experts (ep only); "
                              "with tp > 1 every rank needs every token: use 'allgather'")
-        if not layer.config.router:
-            raise ValueError("shard: the layer needs its own router (each rank routes its tokens)")
         self.spec, self.group, self.dispatch = spec, group, dispatch
-        self.config = layer.config
-        self.local = MoE(shard_weights(layer.to_weights(), spec), dtype=layer.dtype)
+        self.config, self.dtype = config, dtype
+        # the router is replicated: plain attributes (the local layer, where there is one, holds the buffers)
+        self.router_weight, self.router_bias, self.score_bias = router_weight, router_bias, score_bias
         self._compiled = None
         #: what this rank did: bytes handed to collectives and received, their time, token rows its experts ran
         self.stats = {"bytes_sent": 0, "bytes_received": 0, "collective_s": 0.0, "expert_rows": 0}
@@ -170,12 +204,19 @@ class ShardedMoE(nn.Module):
                 f"experts={list(self.spec.experts(self.config.num_experts))[:4]}..., dispatch={self.dispatch}")
 
     # ---------------------------------------------------------------------------------- compile
+    @property
+    def entries(self) -> list[str]:
+        """The entry points a compiled part needs: the routed experts and, apart, the shared expert."""
+        return ["modular_routed", "shared"] if self.config.shared_intermediate else ["modular"]
+
     def compile(self, target="cpu", **options) -> "ShardedMoE":
-        """Compile this rank's experts (and shared expert) with mxmoe for ``target``; the collectives stay in torch."""
+        """Compile this rank's experts (and shared expert) with mxmoe for ``target`` (``options`` as for
+        ``mxmoe.compile``, e.g. ``deterministic=True``); routing and the collectives stay in torch."""
         import mxmoe
 
-        entries = ["modular_routed", "shared"] if self.config.shared_intermediate else ["modular"]
-        self._compiled = mxmoe.compile(self.local, target=target, entries=entries, **options)
+        if self.local is None:
+            raise ValueError("shard: this part was loaded compiled already")
+        self._compiled = mxmoe.compile(self.local, target=target, entries=self.entries, **options)
         return self
 
     def _experts(self, x, weights, ids):
@@ -184,8 +225,7 @@ class ShardedMoE(nn.Module):
         if x.shape[0] == 0:
             return x.new_zeros(x.shape)
         if self._compiled is not None:
-            name = "modular_routed" if self.config.shared_intermediate else "modular"
-            return self._compiled.entry(name)(x, weights, ids.to(torch.int32))
+            return self._compiled.entry(self.entries[0])(x, weights, ids.to(torch.int32))
         return self.local.modular(x, weights, ids, shared=False)
 
     def _shared(self, x):
@@ -195,12 +235,31 @@ class ShardedMoE(nn.Module):
             return self._compiled.entry("shared")(x)
         return self.local._shared_expert(x)
 
-    # ---------------------------------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.config.hidden
+        if x.shape[-1] != h or x.dim() not in (2, 3):
+            raise ValueError(f"ShardedMoE: input must be [T, {h}] or [B, S, {h}], got {tuple(x.shape)}")
+        if x.dtype != self.dtype:
+            raise ValueError(f"ShardedMoE: input dtype {x.dtype} does not match the layer's dtype {self.dtype}")
+        return x.reshape(-1, h)
+
+    def _route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole layer's routing of this rank's tokens (the same as ``MoE.forward_with_routing``)."""
         cfg = self.config
-        tokens = self.local._tokens(x)
-        logits = F.linear(tokens, self.local.router_weight, self.local.router_bias)
-        weights, ids = ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize)
+        src = tokens.float() if cfg.router_fp32 else tokens
+        logits = F.linear(src, self.router_weight, self.router_bias)
+        return ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize, self.score_bias, cfg.n_group,
+                         cfg.topk_group, cfg.routed_scaling_factor)
+
+    # ---------------------------------------------------------------------------------- forward
+    @_outside_the_graph
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Inference only, like the mxmoe ops. Under ``torch.compile`` this is a graph break: the collectives and
+        their data-dependent sizes run in eager PyTorch; the experts run what this part holds (mxmoe-compiled
+        after ``compile()``)."""
+        tokens = self._tokens(x)
+        weights, ids = self._route(tokens)
         counts = self._all_gather_counts(tokens.shape[0])
         use_a2a = self.dispatch == "all_to_all" or (self.dispatch == "auto" and self.spec.tp == 1
                                                     and self.spec.ep > 1 and sum(counts) >= 512)
@@ -214,7 +273,7 @@ class ShardedMoE(nn.Module):
         return out.to(x.dtype).reshape(x.shape)
 
     def _forward_allgather(self, tokens, weights, ids, counts: list[int]) -> torch.Tensor:
-        """Every rank computes its part for all tokens; a reduce-scatter sums the partials back to their owners."""
+        """Every rank computes its part for all tokens; the partials go back to their owners, summed in rank order."""
         world, most = len(counts), max(counts)
         if most == 0:
             return tokens.new_zeros(tokens.shape, dtype=torch.float32)
@@ -224,10 +283,24 @@ class ShardedMoE(nn.Module):
         rows = torch.cat([torch.arange(r * most, r * most + counts[r]) for r in range(world)])
         partial = torch.zeros(world * most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
         partial[rows] = self._experts(x_all[rows], w_all[rows], ids_all[rows]).float()
-        mine = torch.empty(most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
-        self._collective("reduce_scatter", lambda: dist.reduce_scatter_tensor(mine, partial, group=self.group),
-                         partial.numel() * 4, mine.numel() * 4 * world)
-        return mine[: tokens.shape[0]]
+        return self._reduce_scatter_in_rank_order(partial, world, most)[: tokens.shape[0]]
+
+    def _reduce_scatter_in_rank_order(self, partial: torch.Tensor, world: int, most: int) -> torch.Tensor:
+        """Rank ``r``'s rows of every rank's fp32 partials, summed in rank order (0, 1, ..., N-1).
+
+        A reduce-scatter collective sums in whatever order its algorithm takes (gloo's and NCCL's rings start at
+        a different rank for each chunk, NCCL may pick another algorithm by size), so its bits depend on the
+        rank and the library. An all-to-all of the partials moves the same bytes ((N-1)/N of them per rank) and
+        leaves the sum to us: the same bits on every run, every library, every rank count's placement."""
+        blocks = torch.empty_like(partial)
+        self._collective("all_to_all (partials)",
+                         lambda: dist.all_to_all_single(blocks, partial.contiguous(), group=self.group),
+                         partial.numel() * 4, blocks.numel() * 4)
+        blocks = blocks.view(world, most, partial.shape[1])
+        out = blocks[0].clone()
+        for r in range(1, world):
+            out += blocks[r]
+        return out
 
     def _forward_all_to_all(self, tokens, weights, ids) -> torch.Tensor:
         """Each token goes only to the ranks holding one of its experts (its other ids masked to -1 there); the
@@ -270,8 +343,9 @@ class ShardedMoE(nn.Module):
         try:
             out = fn()
         except RuntimeError as e:
-            raise DistributedError(f"rank {self.spec.rank}: {what} failed ({str(e).splitlines()[0][:200]}); a rank "
-                                   "died, hung or left the group (the process group's timeout bounds the wait)") from e
+            raise DistributedError(f"rank {self.spec.rank}: {what} failed ({str(e).splitlines()[0][:200]}); if a "
+                                   "rank died, hung or left the group, the process group's timeout bounded the "
+                                   "wait") from e
         self.stats["collective_s"] += time.perf_counter() - t0
         self.stats["bytes_sent"] += sent
         self.stats["bytes_received"] += received
@@ -341,3 +415,28 @@ def shard(layer: MoE, mode: Any = "ep", group=None, *, dispatch: str = "auto") -
         raise DistributedError(f"rank {rank}: ranks disagree on the layer or its sharding (ranks {odd} differ from "
                                "rank 0): shard the same layer with the same mode on every rank")
     return ShardedMoE(layer, ShardSpec(ep, tp, rank), group, dispatch)
+
+
+def shard_model(model: nn.Module, mode: Any = "ep", group=None, *, dispatch: str = "auto", compile=None,  # noqa: A002
+                **options) -> int:
+    """Replace every mxmoe ``MoE`` layer inside ``model`` by this rank's part, in place (every rank calls it on
+    the same model, e.g. after ``mxmoe.convert``); ``compile``: a target to compile each part's experts for
+    (``options`` as for ``mxmoe.compile``). Returns how many layers were sharded."""
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE) and name]
+    if isinstance(model, MoE):
+        raise TypeError("shard_model: the model is one MoE layer; use shard(layer, mode)")
+    for name, layer in found:
+        parent_name, _, attr = name.rpartition(".")
+        part = shard(layer, mode, group, dispatch=dispatch)
+        if compile is not None:
+            part.compile(compile, **options)
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, part)
+    return len(found)
+
+
+def load(path, group=None, **kwargs) -> ShardedMoE:
+    """This rank's part of a sharded artifact (``mxmoe compile --shard``), collectives included; see
+    :func:`mxmoe.shard_artifact.load`."""
+    from mxmoe.shard_artifact import load as _load
+
+    return _load(path, group, **kwargs)

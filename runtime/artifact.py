@@ -388,7 +388,8 @@ def save_module(path: str | os.PathLike, *, target: dict, code, entries, paramet
                 weight_sets: Mapping[str, Callable[[], Mapping[str, np.ndarray]]] | None = None,
                 external_sources: Mapping[str, dict] | None = None, model: dict | None = None,
                 source: dict | None = None, timings: Mapping[str, float] | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
+                progress: Callable[[str], None] | None = None, shard: dict | None = None,
+                extra_sections: Iterable[Section] = ()) -> dict:
     """Write a compiled module as an artifact; the one writer of compiled code (``mxmoe.compile``'s modules and
     the torch.compile cache both come here). Returns the manifest.
 
@@ -402,7 +403,9 @@ def save_module(path: str | os.PathLike, *, target: dict, code, entries, paramet
     none: ``external_sources`` (set name -> where to find the raw weights, e.g. ``{"kind": "hf-gpt-oss", "path":
     ..., "layer": 3}``) is recorded, and the runtime applies the stored forms at load time. ``weights="none"``
     stores none and names no source: the caller binds weights itself (the torch.compile cache). ``model``
-    describes the layer for reference checks (``mxmoe.core.weights.moe_model_info``).
+    describes the layer for reference checks (``mxmoe.core.weights.moe_model_info``). ``shard`` marks the
+    artifact as the parts of a layer cut over ranks (one weight set per rank, ``rank.R``; docs/distributed.md),
+    ``extra_sections`` are written after the module's (e.g. the sharded layer's replicated router).
     """
     if weights not in ("embedded", "external", "none"):
         raise ValueError(f"weights must be 'embedded', 'external' or 'none', got {weights!r}")
@@ -410,7 +413,7 @@ def save_module(path: str | os.PathLike, *, target: dict, code, entries, paramet
     params = [{"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape),
                "form": forms[spec.name].to_dict() if spec.name in forms else None} for spec in parameter_specs]
     dtypes = {p["name"]: numpy_dtype(p["dtype"]) for p in params}
-    sections = [Section(c.name, c.kind, c.data) for c in code.sections()]
+    sections = [Section(c.name, c.kind, c.data) for c in code.sections()] + list(extra_sections)
     wformat = code.weights_format
     sets = []
     scratch = Path(path).parent if str(Path(path).parent) else Path(".")
@@ -475,6 +478,8 @@ def save_module(path: str | os.PathLike, *, target: dict, code, entries, paramet
             "source": source,
             "compile_timings": {k: round(float(v), 4) for k, v in (timings or {}).items()},
         }
+        if shard is not None:
+            manifest["shard"] = dict(shard)
         return write_artifact(path, manifest, sections, progress=progress)
     finally:
         for p in tmp_files:

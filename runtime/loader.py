@@ -55,7 +55,7 @@ class LoadedModule(EntryPoints):
 
 def load(path: str | os.PathLike, device: str | None = None, *, weights: str | os.PathLike | None = None,
          weight_set: str | None = None, layer: int | None = None, verify: bool = False,
-         copy: bool = False) -> LoadedModule:
+         copy: bool = False, rank: int | None = None) -> LoadedModule:
     """Load an mxmoe artifact for ``device`` and return a callable module.
 
     ``device``: None picks the target's default (``local-task`` for cpu, ``hip`` for rocm, the current
@@ -67,12 +67,17 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     ``weights``: for artifacts saved with external weights (or to override embedded ones), a gpt-oss
     checkpoint directory (with ``layer``), or a safetensors file whose tensors are named like the
     artifact's parameters; the runtime applies each parameter's stored form (padding, layout).
+    ``rank``: for an artifact holding the parts of a sharded layer (``mxmoe compile --shard``), the rank whose part
+    to load (its weight set ``rank.R``); such an artifact refuses to load without it, since one rank's part alone
+    is not the layer (``mxmoe.distributed.load`` runs it with the collectives, docs/distributed.md).
     ``verify``: check the sha256 of the weight section too (module sections are always checked).
     ``copy``: read the embedded weights into memory instead of mapping them, so the module no longer depends on
     the file. Without it, a call refuses to run once the file was changed in place (``ArtifactError``).
     External weights are always read into memory.
     """
     art = Artifact(path)
+    if rank is not None or "shard" in art.manifest:
+        weight_set, layer = _shard_set(art, weight_set, rank, layer), None
     weight_set = _resolve_set(art, weights, weight_set, layer)
     code = art.code()
     try:
@@ -88,6 +93,37 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
 
 
 # ============================================================================================ weights
+
+def _shard_set(art: Artifact, weight_set, rank, layer) -> str:
+    """The weight set of ``rank`` (of ``layer``, in one holding several) in a sharded artifact; errors for a rank
+    or layer outside it, or none given."""
+    shard = art.manifest.get("shard")
+    if shard is None:
+        raise ArtifactError(f"{art.path}: rank={rank} given, but this artifact is not sharded (no per-rank parts)")
+    world, cut = int(shard["world"]), f"ep={shard['ep']}, tp={shard['tp']}"
+    if rank is None:
+        if weight_set is not None:
+            return weight_set
+        raise ArtifactError(f"{art.path}: holds the parts of a layer sharded over {world} ranks ({cut}); pass "
+                            "rank=R (or weight_set='rank.R') to load one, and run it with mxmoe.distributed.load "
+                            "under torchrun")
+    prefix = ""
+    if shard.get("layers"):
+        names = list(shard["layers"])
+        if layer is None or f"layer.{int(layer)}" not in names:
+            have = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+            raise ArtifactError(f"{art.path}: holds {len(names)} sharded layers ({have}); pass layer=N of them"
+                                + ("" if layer is None else f", not {layer}"))
+        prefix = f"layer.{int(layer)}."
+    elif layer is not None:
+        raise ArtifactError(f"{art.path}: holds one sharded layer; layer={layer} does not apply")
+    want = f"{prefix}rank.{int(rank)}"
+    if weight_set is not None and weight_set != want:
+        raise ArtifactError(f"{art.path}: rank={rank} and weight_set={weight_set!r} disagree")
+    if not 0 <= int(rank) < world:
+        raise ArtifactError(f"{art.path}: rank {rank} is outside this artifact's {world} ranks ({cut})")
+    return want
+
 
 def _resolve_set(art: Artifact, weights, weight_set, layer) -> str | None:
     """``layer=N`` alone, on an artifact with embedded weight sets, names the set ``layer.N``."""

@@ -158,21 +158,27 @@ def make(option: str):
 
 def _pad_op(module_op: ir.Operation, op: ir.Operation, multiple: int) -> None:
     v = OpView(op)
-    dialect.verify_op(op)
     ts = v.operand_types()
     has_bias = v.attr("has_bias")
-    e, n, kh = shape(ts[2])
-    kk = 2 * kh
     glu = op.name == "mxmoe.grouped_matmul_glu"
+    e, n_w, kh = shape(ts[2])
+    # the logical K and N from the activation and the result: the weights may already be padded, by another op
+    # reading the same globals (another entry point of the layer)
+    kk = shape(ts[0])[-1]
+    n_out = shape(ir.RankedTensorType(op.results[0].type))[-1]
+    n = 2 * n_out if glu else n_out
     kk2 = _up(kk, multiple)
     n2 = 2 * _up(n // 2, multiple) if glu else _up(n, multiple)
     if (kk2, n2) == (kk, n):
+        dialect.verify_op(op)
         return
-    halves = glu and not v.attr("interleaved")
-    _pad_weight(module_op, v, op.operands[2], [e, n2, kk2 // 2], 0, halves)
-    _pad_weight(module_op, v, op.operands[3], [e, n2, kk2 // 32], 127, halves)
-    if has_bias:
-        _pad_weight(module_op, v, op.operands[4], [e, n2], 0, halves)
+    if (2 * kh, n_w) != (kk2, n2):
+        dialect.verify_op(op)
+        halves = glu and not v.attr("interleaved")
+        _pad_weight(module_op, v, op.operands[2], [e, n2, kk2 // 2], 0, halves)
+        _pad_weight(module_op, v, op.operands[3], [e, n2, kk2 // 32], 127, halves)
+        if has_bias:
+            _pad_weight(module_op, v, op.operands[4], [e, n2], 0, halves)
     with ir.InsertionPoint(op), op.location:
         op.operands[0] = _pad_activation(op.operands[0], kk2)
     old_t = ir.RankedTensorType(op.results[0].type)

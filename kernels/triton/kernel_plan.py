@@ -16,7 +16,8 @@ store (see docs/nvidia.md for an example)::
   classes       [{"name", "max_tokens" (None = unbounded), "vars": {name: expr}, "tiles": {...},
                   "launches": [{"kernel": entry name, "grid": [expr...]}]}]
   output        {"buffer": name}: [T, H] in the input dtype
-  options       {"deterministic": bool, "batch_invariant": bool}: the compile options (absent: both off)
+  options       {"deterministic": bool, "batch_invariant": bool, "activations"?: "mxfp8"}: the compile options
+                (absent: all off / bf16)
   cubins        (added by codegen) entry name -> launch metadata of its cubin
 
 Expressions (grids, sizes, scalar args) are :mod:`.expr` strings over ``T`` (tokens) and the
@@ -252,14 +253,20 @@ class PlanOptions:
 
     deterministic: bool = False
     batch_invariant: bool = False
+    #: the form the expert GEMMs take the activations in: "bf16" (as the layer has them) or "mxfp8" (w4a8)
+    activations: str = "bf16"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"deterministic": self.deterministic, "batch_invariant": self.batch_invariant}
+        d: dict[str, Any] = {"deterministic": self.deterministic, "batch_invariant": self.batch_invariant}
+        if self.activations != "bf16":  # plans of the default form read as before
+            d["activations"] = self.activations
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "PlanOptions":
         d = d or {}
-        return cls(bool(d.get("deterministic", False)), bool(d.get("batch_invariant", False)))
+        return cls(bool(d.get("deterministic", False)), bool(d.get("batch_invariant", False)),
+                   str(d.get("activations", "bf16")))
 
 
 @dataclass(frozen=True)

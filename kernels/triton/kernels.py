@@ -39,6 +39,9 @@ KERNELS: dict[str, tuple[str, str]] = {
     "combine_slots": ("_gemm_kernels", "combine_slots_kernel"),
     "dense_glu": ("_dense_kernels", "dense_glu_kernel"),
     "dense_out": ("_dense_kernels", "dense_out_kernel"),
+    "mxfp8_quant": ("_w4a8_kernels", "mxfp8_quant_kernel"),
+    "glu_gemm_w4a8": ("_w4a8_kernels", "glu_gemm_w4a8_kernel"),
+    "combine_gemm_w4a8": ("_w4a8_kernels", "combine_gemm_w4a8_kernel"),
 }
 
 _copies: dict[tuple[str, bool], object] = {}

@@ -22,8 +22,8 @@ from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
 from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
                           PlanOptions, ShapeClass)
-from .tile_config import (GEMV_MAX_TOKENS, TileConfig, batch_invariant_config, class_config, fused_cast,
-                          is_few_tokens, shape_classes, use_tma)
+from .tile_config import (GEMV_MAX_TOKENS, NATIVE_MMA_M, TileConfig, batch_invariant_config, class_config,
+                          fused_cast, is_few_tokens, shape_classes, use_tma, w4a8_config)
 
 #: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
 #: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
@@ -155,13 +155,31 @@ def kernel_layout(name: str) -> Layout:
 
 
 def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, deterministic: bool = False,
-               batch_invariant: bool = False) -> KernelPlan:
+               batch_invariant: bool = False, activations: str = "bf16") -> KernelPlan:
     """The kernel plan of ``spec`` for ``sm_<arch>`` (``target``: the name it records, ``cuda:sm_<arch>`` by
     default). Decode constants assume any scale byte (``WIDE_SCALES``); see :func:`fit_scale_range`.
     ``deterministic`` / ``batch_invariant``: see :class:`~.kernel_plan.PlanOptions` (the second implies the
-    first)."""
-    options = PlanOptions(deterministic or batch_invariant, batch_invariant)
+    first). ``activations="mxfp8"``: the w4a8 GEMMs (``_w4a8_kernels``; row-major weights)."""
+    options = PlanOptions(deterministic or batch_invariant, batch_invariant, activations)
     layout = kernel_layout(spec.layout)
+    if activations == "mxfp8":
+        if layout != ROW_MAJOR:
+            raise PlanError(f"activations='mxfp8' reads row-major weights, not the {layout.name} layout")
+        if batch_invariant:
+            raise PlanError("activations='mxfp8' has no batch-invariant plan (its small token tiles swap the MMA's "
+                            "operands)")
+        if spec.hidden % 32 or spec.intermediate % 32:
+            raise PlanError(f"activations='mxfp8' needs H and I multiples of 32, got {spec.hidden} and "
+                            f"{spec.intermediate}")
+        unbuilt = [what for what, there in (("router weight on input", spec.weight_on_input),
+                                            ("a shared expert", spec.shared_intermediate),
+                                            (f"activation {spec.activation!r}", ACTIVATIONS[spec.activation]))
+                   if there]
+        if unbuilt:
+            raise PlanError(f"activations='mxfp8' does not run {', '.join(unbuilt)} yet (the w4a8 GEMMs); compile "
+                            "with activations='bf16'")
+    elif activations != "bf16":
+        raise PlanError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
     kernels = _Kernels()
     E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
     classes = shape_classes(E, k)
@@ -170,8 +188,8 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     # fp32 layers sum into their output unless some class writes slot rows; then every class writes "output"
     output = "output" if spec.dtype != "float32" or any(slot_rows.values()) else "accumulator"
     cast = _cast_kernel(spec, kernels) if output == "output" else None
-    shape = tuple(_shape_class(spec, layout, name, max_tokens, tiles[name], slot_rows[name], cast, kernels)
-                  for name, max_tokens in classes)
+    shape = tuple(_shape_class(spec, layout, name, max_tokens, tiles[name], slot_rows[name], cast, kernels,
+                               arch, options.activations) for name, max_tokens in classes)
     return KernelPlan(target=target or f"cuda:sm_{arch}", arch=arch, layer=spec.info(),
                       input=PlanInput("x", spec.dtype, spec.hidden), parameters=_parameters(spec),
                       buffers=_buffers(spec, kernels.entries, output), kernels=kernels.entries, classes=shape,
@@ -194,6 +212,8 @@ def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str,
     along K alike in every class (:func:`~.tile_config.batch_invariant_config`). The routed and shared GEMMs of a
     class share BLOCK_M (a class's row tiles); the shared-expert entry runs its expert in the routed GEMMs' place."""
     H, I, S = spec.hidden, spec.intermediate, spec.shared_intermediate
+    if options.activations == "mxfp8":  # the w4a8 form: routed GEMMs only (plan_layer refuses a shared expert)
+        return w4a8_config(name, 2 * I, H, arch), w4a8_config(name, H, I, arch, gemm="combine"), None, None
     hopper = layout.hopper_words
     c13 = c2 = s13 = s2 = None
     if spec.routed:
@@ -315,6 +335,11 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         "block_expert": Buffer("int32", ("NB",)),
         "block_start": Buffer("int32", ("NB",)),
         "activations": Buffer("bfloat16", (f"T * {k}", I)),
+        # the w4a8 form: the hidden states and the GLU output as MXFP8 (e4m3 bytes, scale bytes)
+        "x_q": Buffer("uint8", ("T", H)),
+        "x_scales": Buffer("uint8", ("T", H // 32)),
+        "activations_q": Buffer("uint8", (f"T * {k}", I)),
+        "activations_scales": Buffer("uint8", (f"T * {k}", I // 32)),
         # the few-token classes' router counts its programs here (router_route_group / _scatter)
         "route_counter": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1",), "zeros"),
         # ... and with router_route_scatter each routed token block counts its pairs per expert, with their
@@ -364,7 +389,8 @@ def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str:
 
 
 def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | None,
-                 tiles: tuple, slot_rows: bool, cast: str | None, kernels: _Kernels) -> ShapeClass:
+                 tiles: tuple, slot_rows: bool, cast: str | None, kernels: _Kernels, arch: int = 90,
+                 activations: str = "bf16") -> ShapeClass:
     """One token-count class: its tiles (:func:`_class_tiles`; BLOCK_M is the class's, shared by both GEMMs, which
     read one block map), then routing, grouping, the shared expert's GEMMs, the routed GEMMs and the cast (or the
     deterministic combine), in launch order."""
@@ -382,7 +408,10 @@ def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | N
         routed_tiles = {"w13": dataclasses.asdict(c13), "w2": dataclasses.asdict(c2)}
     if shared:
         launches += _shared_expert(spec, layout, name, s13, s2, slot_rows, kernels)
-    if spec.routed:
+    if spec.routed and activations == "mxfp8":
+        launches += [_quantize_x(spec, arch, kernels), _glu_gemm_w4a8(spec, arch, name, c13, kernels),
+                     _combine_gemm_w4a8(spec, arch, name, c2, fuse_cast, slot_rows, kernels)]
+    elif spec.routed:
         launches.append(_glu_gemm(spec, layout, name, c13, kernels))
         launches.append(_combine_gemm(spec, layout, name, c2, fuse_cast, slot_rows, kernels))
     if slot_rows and not fuse_cast:
@@ -760,3 +789,64 @@ def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fu
         Arg.buffer("out_ptr", "accumulator"), *groups, cast_to, Arg.scalar("num_tokens", "T"), rows, ids,
         *_shared_row_args(spec, shared_rows)], consts, cfg.num_warps, cfg.num_stages)
     return Launch(entry, ("NB" if groups is _GROUPS else "NBS", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", split))
+
+
+# ------------------------------------------------------------------------------------ the w4a8 form
+#: rows x columns per program of the hidden states' MXFP8 quantizer (``mxfp8_quant``)
+QUANT_BLOCK_R, QUANT_BLOCK_C = 16, 256
+
+
+def _fold(arch: int) -> int:
+    """Scale groups the MXFP8 quantizers fold onto one scale: the Hopper w4a8 K step (``_w4a8_kernels``)."""
+    from ._w4a8_kernels import HOPPER_FOLD
+
+    return 1 if arch >= 100 else HOPPER_FOLD
+
+
+def _quantize_x(spec: LayerSpec, arch: int, kernels: _Kernels) -> Launch:
+    """The hidden states [T, H] -> MXFP8 (``x_q``, ``x_scales``), once per forward before the w13 GEMM."""
+    block_c = min(QUANT_BLOCK_C, _pow2(spec.hidden))
+    entry = kernels.add("mxfp8_quant.x", "mxfp8_quant", [
+        Arg.input("x_ptr"), Arg.buffer("q_ptr", "x_q"), Arg.buffer("s_ptr", "x_scales"), Arg.scalar("num_rows", "T")],
+        dict(COLS=spec.hidden, FOLD=_fold(arch), BLOCK_R=QUANT_BLOCK_R, BLOCK_C=block_c), 4, 1)
+    return Launch(entry, (f"cdiv(T, {QUANT_BLOCK_R})", f"cdiv({spec.hidden}, {block_c})"))
+
+
+def _glu_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, kernels: _Kernels) -> Launch:
+    """The w13 GEMM of the w4a8 form: MXFP8 x rows gathered by token, bias and GLU in the epilogue, the GLU output
+    quantized to MXFP8 in expert-sorted order (``activations_q`` / ``_scales``)."""
+    consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
+                  HAS_BIAS=spec.w13_bias is not None, INTERLEAVED=spec.interleaved,
+                  SWIGLU_OAI=spec.activation == "swiglu_oai", ALPHA=spec.alpha, LIMIT=spec.limit,
+                  ROUND_BF16=spec.dtype == "bfloat16", **_w4a8_tile(cfg, arch), FOLD=_fold(arch))
+    entry = kernels.add(f"glu_gemm_w4a8.{cls}", "glu_gemm_w4a8", [
+        Arg.buffer("xq_ptr", "x_q"), Arg.buffer("xs_ptr", "x_scales"), Arg.param("w_ptr", spec.w13.name),
+        Arg.param("s_ptr", spec.w13_scale.name), _weight("bias_ptr", spec.w13_bias),
+        Arg.buffer("actq_ptr", "activations_q"), Arg.buffer("acts_ptr", "activations_scales"), *_GROUPS],
+        consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
+
+
+def _combine_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, fuse_cast: bool, slot_rows: bool,
+                       kernels: _Kernels) -> Launch:
+    """The w2 GEMM of the w4a8 form on the MXFP8 GLU output; the combine as :func:`_combine_gemm`'s (no split K)."""
+    consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
+                  HAS_BIAS=spec.w2_bias is not None, **_w4a8_tile(cfg, arch), FUSED_CAST=fuse_cast,
+                  SLOT_ROWS=slot_rows)
+    cast_to = Arg.buffer("cast_ptr", "output") if fuse_cast else Arg.none("cast_ptr")
+    if slot_rows:
+        rows, ids = Arg.buffer("rows_ptr", "slot_rows"), Arg.buffer("ids_ptr", "expert_ids")
+    else:
+        rows, ids = Arg.none("rows_ptr"), Arg.none("ids_ptr", "int32")
+    entry = kernels.add(f"combine_gemm_w4a8.{cls}", "combine_gemm_w4a8", [
+        Arg.buffer("actq_ptr", "activations_q"), Arg.buffer("acts_ptr", "activations_scales"),
+        Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name), _weight("bias_ptr", spec.w2_bias),
+        _routing_weights(spec, "routing_weights_ptr"), Arg.buffer("out_ptr", "accumulator"), *_GROUPS,
+        cast_to, Arg.scalar("num_tokens", "T"), rows, ids], consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", 1))
+
+
+def _w4a8_tile(cfg: TileConfig, arch: int) -> dict[str, Any]:
+    """A w4a8 GEMM's tile constants: sm_100 swaps the MMA's operands for token tiles under its 128-row M."""
+    return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+                SWAP_AB=arch >= 100 and cfg.BLOCK_M < NATIVE_MMA_M, FP8_HOPPER=arch < 100)

@@ -233,3 +233,44 @@ def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_versio
             and not constexprs.get("W_HOPPER")):
         return 1
     return num_stages
+
+
+#: Tiles of the w4a8 form (``activations="mxfp8"``, ``_w4a8_kernels``) per arch family and class: (BLOCK_M,
+#: BLOCK_N, BLOCK_K, warps, stages, GROUP_M). Compile-only picks (nothing timed yet), held to what the native
+#: paths need:
+#:
+#: * sm_100: the block-scaled tcgen05 MMA takes an M operand of 128+ rows and 4 or 8 warps. Classes of 128+ token
+#:   rows put the tokens first; smaller ones swap (weights first, BLOCK_N = 128, tokens as the MMA's N: 16-64
+#:   run natively, 8 would not). K steps of 128 (4 scale groups). Tensor memory holds 512 fp32 columns: 128 x 256
+#:   and 256 x 128 accumulators fit, 256 x 256 does not (Triton then emits a kernel that traps).
+#: * sm_90: fp8 wgmma with the weights decoded in registers as its left operand (64 rows a warpgroup); K steps of
+#:   64 = 2 scale groups, the activations' groups folded in pairs by the quantizer (``HOPPER_FOLD``); the w13
+#:   GEMM's BLOCK_N / 2 must hold whole folded pairs (BLOCK_N >= 128). "large" keeps 128 token rows: at 256 the
+#:   w13 GEMM's accumulator and K-step product (2 x 128 x 256 fp32) spilled ~100 registers (SASS STL/LDL);
+#:   "mid" runs 8 warps (with 4 its w2 GEMM spilled a register).
+W4A8_TILES = {
+    100: {"gemv": (16, 128, 128, 4, 3, 0), "decode": (16, 128, 128, 4, 3, 0), "sparse": (32, 128, 128, 4, 3, 0),
+          "mid": (64, 128, 128, 4, 3, 0), "prefill": (128, 256, 128, 8, 3, 0), "large": (256, 128, 128, 8, 3, 4)},
+    90: {"gemv": (16, 128, 64, 4, 4, 0), "decode": (16, 128, 64, 4, 4, 0), "sparse": (32, 128, 64, 4, 4, 0),
+         "mid": (64, 128, 64, 8, 4, 0), "prefill": (128, 128, 64, 8, 4, 0), "large": (128, 128, 64, 8, 4, 4)},
+}
+#: the smallest token tile the sm_100 block-scaled MMA takes as its M operand (smaller ones swap operands)
+NATIVE_MMA_M = 128
+
+
+def w4a8_config(name: str, N: int, K: int, arch: int, gemm: str = "glu") -> TileConfig:
+    """Tile of class ``name`` for the w4a8 GEMM ``gemm`` (output width ``N``, depth ``K``) on ``sm_<arch>``:
+    :data:`W4A8_TILES`, BLOCK_N narrowed for small layers except where it is the native MMA's M operand
+    (sm_100 swapped tiles) or holds the Hopper fold (sm_90 w13), BLOCK_K never (it is the fold / scale step)."""
+    family = 100 if arch >= 100 else 90
+    if name not in W4A8_TILES[family]:
+        raise ValueError(f"unknown shape class {name!r} (known: {', '.join(W4A8_TILES[family])})")
+    block_m, block_n, block_k, warps, stages, group_m = W4A8_TILES[family][name]
+    if gemm == "combine":  # a 128 x 256 fp32 tile spilled in the combine's epilogue (SASS: STL/LDL)
+        block_n = min(block_n, 128)
+    if family == 100:
+        floor = NATIVE_MMA_M if block_m < NATIVE_MMA_M else 64
+    else:
+        floor = 128 if gemm == "glu" else 64
+    block_n = max(floor, min(block_n, _pow2_at_least(N)))
+    return TileConfig(block_m, block_n, block_k, warps, stages, GROUP_M=group_m)

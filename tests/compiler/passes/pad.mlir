@@ -86,3 +86,36 @@ module {
     return %y : tensor<?x2x64xbf16>
   }
 }
+
+// -----
+
+// Two functions (entry points of one layer) read the same globals: the first op pads them, the second finds them
+// padded and pads only its activation and result.
+// CHECK-LABEL: util.global private @sw
+// CHECK-SAME: mxmoe.padded_from = array<i64: 2, 96, 16>
+// CHECK-SAME: tensor<2x128x32xi8>
+// CHECK-LABEL: func.func @first
+// CHECK: tensor.pad %{{.*}} low[0, 0] high[0, 32]
+// CHECK: "mxmoe.grouped_matmul"(%{{.*}}) {has_bias = false} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<2x128x32xi8>, tensor<2x128x2xi8>) -> tensor<?x2x128xbf16>
+// CHECK: tensor.extract_slice %{{.*}}[0, 0, 0] [%{{.*}}, 2, 96] [1, 1, 1] : tensor<?x2x128xbf16> to tensor<?x2x96xbf16>
+// CHECK-LABEL: func.func @second
+// CHECK: util.global.load @sw : tensor<2x128x32xi8>
+// CHECK: tensor.pad %{{.*}} low[0, 0] high[0, 32]
+// CHECK: "mxmoe.grouped_matmul"(%{{.*}}) {has_bias = false} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<2x128x32xi8>, tensor<2x128x2xi8>) -> tensor<?x2x128xbf16>
+// CHECK: tensor.extract_slice %{{.*}}[0, 0, 0] [%{{.*}}, 2, 96] [1, 1, 1] : tensor<?x2x128xbf16> to tensor<?x2x96xbf16>
+module {
+  util.global private @sw = #flow.parameter.named<"model"::"sw"> : tensor<2x96x16xi8>
+  util.global private @ss = #flow.parameter.named<"model"::"ss"> : tensor<2x96x1xi8>
+  func.func @first(%x: tensor<?x32xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x2x96xbf16> {
+    %w = util.global.load @sw : tensor<2x96x16xi8>
+    %s = util.global.load @ss : tensor<2x96x1xi8>
+    %y = "mxmoe.grouped_matmul"(%x, %ids, %w, %s) {has_bias = false} : (tensor<?x32xbf16>, tensor<?x2xi32>, tensor<2x96x16xi8>, tensor<2x96x1xi8>) -> tensor<?x2x96xbf16>
+    return %y : tensor<?x2x96xbf16>
+  }
+  func.func @second(%x: tensor<?x32xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x2x96xbf16> {
+    %w = util.global.load @sw : tensor<2x96x16xi8>
+    %s = util.global.load @ss : tensor<2x96x1xi8>
+    %y = "mxmoe.grouped_matmul"(%x, %ids, %w, %s) {has_bias = false} : (tensor<?x32xbf16>, tensor<?x2xi32>, tensor<2x96x16xi8>, tensor<2x96x1xi8>) -> tensor<?x2x96xbf16>
+    return %y : tensor<?x2x96xbf16>
+  }
+}
