@@ -269,32 +269,21 @@ class CudaTarget(Target):
         if extra_flags:
             raise ValueError(f"extra_flags are iree-compile flags; target {self.name} compiles with Triton")
 
-    def check_entries(self, names: Sequence[str]) -> None:
-        if len(names) != 1:
-            raise NotImplementedError(f"target {self.name} compiles one entry point per module (the Triton plan of "
-                                      f"the layer); got {', '.join(names)}: compile each entry on its own")
-
-    #: what the Triton kernels implement today (their routing and GLU kernels); anything else is refused before
-    #: planning, so a layer never runs another routing or activation than its own
-    KERNEL_ROUTINGS: ClassVar[tuple[str, ...]] = ("topk_softmax", "softmax_topk")
-    KERNEL_ACTIVATIONS: ClassVar[tuple[str, ...]] = ("swiglu_oai", "silu")
-
     def check_module(self, module) -> None:
-        """Refuse mxmoe ops whose semantics the Triton kernels do not implement (NotImplementedError naming it)."""
+        """Refuse mxmoe ops whose semantics the Triton kernels do not implement (NotImplementedError naming it), so a
+        layer never runs another routing or activation than its own. The kernels' tables are the planner's."""
         from mxmoe.compiler import dialect
+        from mxmoe.kernels.triton.planner import ACTIVATIONS, ROUTINGS
 
         def refuse(what: str) -> None:
             raise NotImplementedError(f"target {self.name}: {what} is not built for the Triton path yet (IREE "
-                                      f"targets compile it; docs/transformers.md)")
+                                      f"targets compile it)")
 
         for op in dialect.walk_mxmoe(module.operation):
             v = dialect.OpView(op)
-            if op.name == "mxmoe.route":
-                if v.attr("routing") not in self.KERNEL_ROUTINGS:
-                    refuse(f"routing '{v.attr('routing')}'")
-                if v.attr("has_score_bias") or v.attr("n_group") != 1 or v.attr("scaling") != 1.0:
-                    refuse("a routing with a correction bias, expert groups or a scaling factor")
-            elif "activation" in op.attributes and v.attr("activation") not in self.KERNEL_ACTIVATIONS:
+            if op.name == "mxmoe.route" and v.attr("routing") not in ROUTINGS:
+                refuse(f"routing '{v.attr('routing')}'")
+            elif "activation" in op.attributes and v.attr("activation") not in ACTIVATIONS:
                 refuse(f"activation '{v.attr('activation')}'")
 
     def numerics_options(self, *, deterministic: bool | None, batch_invariant: bool) -> dict[str, bool]:
@@ -312,10 +301,13 @@ class CudaTarget(Target):
         from mxmoe.compiler.triton_backend import compile_triton
 
         self.check_module(module)
-        plan, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings,
-                                        deterministic=deterministic, batch_invariant=batch_invariant,
-                                        activations=self.activations)
-        return TritonCode(plan, binaries, interpret=interpret)
+        plans, binaries = compile_triton(module, parameters, self, interpret=interpret, timings=timings,
+                                         deterministic=deterministic, batch_invariant=batch_invariant,
+                                         activations=self.activations)
+        # one plan per entry over one weight set; the default (first) entry's stays where single-entry modules keep it
+        first, *rest = plans
+        return TritonCode(plans[first], binaries[first], interpret=interpret, entry_name=first,
+                          more={name: (plans[name], binaries[name]) for name in rest})
 
     def record(self, code, mlir: str = "") -> dict[str, Any]:
         options = (getattr(code, "plan", None) or {}).get("options") or {}

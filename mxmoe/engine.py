@@ -42,19 +42,21 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries) -> Any:
-    """The compiled module (without weights) of ``weights``' layer shape for ``dtype``, ``target`` and ``entries``:
-    compiled on first use, then shared by every layer of that shape in this process."""
+def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries, options: dict | None = None) -> Any:
+    """The compiled module (without weights) of ``weights``' layer shape for ``dtype``, ``target`` and ``entries``
+    (``options``: more of ``mxmoe.compile``'s keywords): compiled on first use, then shared by every layer of that
+    shape in this process."""
     from mxmoe.compiler.targets import get_target
     from mxmoe.torch_frontend.compile import compile as mx_compile
     from mxmoe.torch_frontend.moe import MoE
 
     target = get_target(target)
-    key = (weights.config, dtype, target, tuple(entries))
+    options = dict(options or {})
+    key = (weights.config, dtype, target, tuple(entries), tuple(sorted(options.items())))
     with _TEMPLATES_LOCK:
         found = _TEMPLATES.get(key)
         if found is None:
-            compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries))
+            compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries), **options)
             found = _TEMPLATES[key] = compiled.without_weights()
     return found
 
@@ -69,9 +71,9 @@ def store_layer(template, weights: MoEWeights) -> dict[str, np.ndarray]:
     return store_parameters(template.stored_forms, raw)
 
 
-def bind_layer(weights: MoEWeights, dtype: torch.dtype, target, entries):
+def bind_layer(weights: MoEWeights, dtype: torch.dtype, target, entries, options: dict | None = None):
     """``weights`` bound to the module compiled once for their shape (:func:`layer_template`): its entry points."""
-    template = layer_template(weights, dtype, target, entries)
+    template = layer_template(weights, dtype, target, entries, options)
     return template.with_parameters(store_layer(template, weights)).bound()
 
 
@@ -86,7 +88,7 @@ class Mxfp4MoEMethod:
                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, interleaved: bool = True,
                  max_capture_size: int | None = None, num_expert_group: int = 1, topk_group: int = 1,
                  routed_scaling_factor: float = 1.0, e_score_correction_bias: bool = False,
-                 fp32_router_logits: bool = False):
+                 fp32_router_logits: bool = False, compile_options: dict | None = None):
         from mxmoe.compiler.targets import get_target
 
         self.target = get_target(target)
@@ -125,6 +127,9 @@ class Mxfp4MoEMethod:
         if max_capture_size is not None and (not isinstance(max_capture_size, int) or max_capture_size < 1):
             raise ValueError(f"Mxfp4MoEMethod: max_capture_size must be a positive int, got {max_capture_size!r}")
         self.max_capture_size = max_capture_size
+        #: options of ``mxmoe.compile`` (``deterministic``, ``batch_invariant``; ``interpret`` for cuda targets on
+        #: a machine without a GPU, e.g. tests)
+        self.compile_options = dict(compile_options or {})
         self.entries = ["monolithic", "modular"] + (["modular_routed", "shared"] if shared_intermediate_size else [])
 
     # ---------------------------------------------------------------------------------- 1. parameters
@@ -171,15 +176,34 @@ class Mxfp4MoEMethod:
             a = a.astype(np.float32) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
             fields[field] = a[None] if field.startswith("shared_w") else a
         weights = MoEWeights(self.config, None, None, **fields)
-        layer._mxmoe_module = bind_layer(weights, self.params_dtype, self.target, self.entries)
+        layer._mxmoe_module = bind_layer(weights, self.params_dtype, self.target, self.entries,
+                                         self.compile_options)
         layer._mxmoe_device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+        layer._mxmoe_reserved = False
+        if self.max_capture_size is not None:
+            # CUDA-graph capture (cuda targets): every entry's scratch for up to max_capture_size tokens allocated
+            # now, so apply / apply_monolithic allocate nothing and read nothing back to the host
+            for ex in {id(e): e for e in self._executors(layer._mxmoe_module)}.values():
+                if hasattr(ex, "reserve"):
+                    ex.reserve(self.max_capture_size)
+                    layer._mxmoe_reserved = True
+
+    @staticmethod
+    def _executors(mod) -> list:
+        ex = mod.executor
+        return list(getattr(ex, "entries", {}).values()) or [ex]
 
     # ---------------------------------------------------------------------------------- 4. apply
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts_input: torch.Tensor | None = None) -> torch.Tensor:
         """Modular: ``x`` [T, H], the engine's ``topk_weights`` [T, k] (fp32) and global ``topk_ids`` [T, k]
         (int32/int64); with ``shared_experts_input`` the shared expert's output on it is added (fused when it is
-        ``x`` itself), without it the shared expert is skipped (the engine runs it elsewhere)."""
+        ``x`` itself), without it the shared expert is skipped (the engine runs it elsewhere).
+
+        With ``max_capture_size`` (cuda targets) a call of up to that many tokens allocates nothing and never
+        synchronises with the host (given int32 ids and fp32 weights, and H a multiple of the padding), so it can be
+        captured in a CUDA graph and replayed with new inputs; inside a capture the output is the module's own
+        buffer (valid until the next call), outside one a copy."""
         mod = self._module(layer)
         xp = self._pad(x)
         ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
@@ -189,12 +213,15 @@ class Mxfp4MoEMethod:
         elif shared_experts_input is x:
             out = mod.entry("modular")(xp, w, ids)
         else:
-            out = mod.entry("modular_routed")(xp, w, ids) + mod.entry("shared")(self._pad(shared_experts_input))
-        return self._unpad(out)
+            routed = mod.entry("modular_routed")(xp, w, ids)
+            routed = routed.clone() if getattr(layer, "_mxmoe_reserved", False) else routed
+            out = routed + mod.entry("shared")(self._pad(shared_experts_input))
+            return self._unpad(out)
+        return self._own(layer, self._unpad(out))
 
     def apply_monolithic(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """Monolithic: ``x`` [T, H] and the router's logits [T, E_global]; the routing runs inside."""
-        return self._unpad(self._module(layer).entry("monolithic")(self._pad(x), router_logits))
+        return self._own(layer, self._unpad(self._module(layer).entry("monolithic")(self._pad(x), router_logits)))
 
     # ---------------------------------------------------------------------------------- helpers
     def _module(self, layer: nn.Module):
@@ -202,6 +229,14 @@ class Mxfp4MoEMethod:
         if mod is None:
             raise RuntimeError("Mxfp4MoEMethod: call process_weights_after_loading(layer) before apply")
         return mod
+
+    @staticmethod
+    def _own(layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """``y`` as the caller may keep it: a module with reserved scratch returns views of it, which the next call
+        overwrites; those are copied unless a CUDA graph is being captured (a graph wants the fixed buffer)."""
+        if getattr(layer, "_mxmoe_reserved", False) and not (y.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return y.clone()
+        return y
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[-1] != self.hidden_size:

@@ -243,6 +243,8 @@ class Artifact:
         if m["module"].get("section"):
             refs.append(m["module"]["section"])
         refs += list((m["module"].get("binaries") or {}).values())
+        for e in (m["module"].get("entries") or {}).values():  # Triton modules of several entries
+            refs += list((e.get("binaries") or {}).values())
         refs += [ws["section"] for ws in m["weights"].get("sets", []) if ws.get("section")]
         return refs
 

@@ -117,31 +117,59 @@ class IreeCode:
 
 @dataclass
 class TritonCode:
-    """A Triton kernel plan (plain data, ``mxmoe.kernels.triton``) and its ahead-of-time cubins by plan kernel
-    (none when compiled with ``interpret=True``: its kernels then run under Triton's interpreter)."""
+    """Triton kernel plans (plain data, ``mxmoe.kernels.triton``) and their ahead-of-time cubins by plan kernel (none
+    when compiled with ``interpret=True``: the kernels then run under Triton's interpreter): one plan per entry
+    point, over one weight set. ``plan`` / ``binaries`` are the first (default) entry's, ``more`` the others' by
+    name."""
 
     plan: dict
     binaries: dict[str, bytes] = field(default_factory=dict)
     interpret: bool = False
+    #: the first entry's name (the function it was compiled from)
+    entry_name: str = "main"
+    #: the other entries: name -> (plan, binaries)
+    more: dict[str, tuple[dict, dict[str, bytes]]] = field(default_factory=dict)
     kind = "triton"
     weights_format = KIND_SAFETENSORS
     #: the executor takes torch tensors (CUDA tensors stay on their device)
     takes_tensors = True
 
+    @property
+    def plans(self) -> dict[str, dict]:
+        """Every entry's plan, by entry name (the default first)."""
+        return {self.entry_name: self.plan, **{name: plan for name, (plan, _) in self.more.items()}}
+
+    def _sections(self, entry: str | None, binaries: dict[str, bytes]) -> dict[str, str]:
+        prefix = "binary/" if entry is None else f"binary/{section_name(entry)}."
+        return {k: prefix + section_name(k) for k in binaries}
+
     def record(self) -> dict:
-        return {"kind": "triton", "kernel_plan": self.plan,
-                "binaries": {k: f"binary/{section_name(k)}" for k in self.binaries}}
+        rec = {"kind": "triton", "kernel_plan": self.plan, "binaries": self._sections(None, self.binaries)}
+        if self.more:
+            rec["entry"] = self.entry_name
+            rec["entries"] = {name: {"kernel_plan": plan, "binaries": self._sections(name, binaries)}
+                              for name, (plan, binaries) in self.more.items()}
+        return rec
 
     def sections(self) -> list[CodeSection]:
-        return [CodeSection(f"binary/{section_name(k)}", KIND_CUBIN, bytes(blob)) for k, blob in self.binaries.items()]
+        out = [CodeSection(sec, KIND_CUBIN, bytes(self.binaries[k])) for k, sec in
+               self._sections(None, self.binaries).items()]
+        for name, (_, binaries) in self.more.items():
+            out += [CodeSection(sec, KIND_CUBIN, bytes(binaries[k])) for k, sec in
+                    self._sections(name, binaries).items()]
+        return out
 
     def describe(self) -> str:
-        return f"triton kernel plan, {len(self.binaries)} kernel binaries"
+        n = len(self.binaries) + sum(len(b) for _, b in self.more.values())
+        entries = f" for {1 + len(self.more)} entries" if self.more else ""
+        return f"triton kernel plan{'s' if self.more else ''}{entries}, {n} kernel binaries"
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], target: Mapping[str, Any], read) -> "TritonCode":
         binaries = {k: read(v) for k, v in (record.get("binaries") or {}).items()}
-        return cls(record.get("kernel_plan"), binaries)
+        more = {name: (e.get("kernel_plan"), {k: read(v) for k, v in (e.get("binaries") or {}).items()})
+                for name, e in (record.get("entries") or {}).items()}
+        return cls(record.get("kernel_plan"), binaries, entry_name=record.get("entry", "main"), more=more)
 
     def check_runnable(self, target: Mapping[str, Any], device: str | None = None) -> None:
         if device == "interpret" or self.interpret:
@@ -157,18 +185,29 @@ class TritonCode:
                                          "this machine has none")
 
     def executor(self, parameters, target: Mapping[str, Any], device: str | None = None):
+        """The first entry's executor; with several entries, ``executor.entries`` maps every entry's name to its
+        executor (one copy of the weights on the device, shared)."""
         from mxmoe.runtime.triton_executor import TritonExecutor  # imports torch and triton: not on the IREE path
 
         interpret = self.interpret or device == "interpret"
+        kwargs = dict(device=None if interpret else device, mode="interpret" if interpret else "auto")
         with warnings.catch_warnings():
             # weights may be read-only views of a mapped artifact; the executor copies them to the device
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return TritonExecutor(self.plan, parameters, self.binaries, device=None if interpret else device,
-                                  mode="interpret" if interpret else "auto")
+            first = TritonExecutor(self.plan, parameters, self.binaries, **kwargs)
+            first.entries = {self.entry_name: first}
+            for name, (plan, binaries) in self.more.items():
+                first.entries[name] = TritonExecutor(plan, first.params, binaries, **kwargs)
+        return first
 
     def entry(self, executor, name: str):
-        """The callable of entry ``name``: a Triton module has one entry (the compiler refuses others)."""
-        return executor
+        """The callable of entry ``name``: the executor of its plan."""
+        entries = getattr(executor, "entries", None) or {}
+        if name in entries:
+            return entries[name]
+        if not self.more:
+            return executor  # a module of one entry (whatever its function was called)
+        raise ValueError(f"no entry point {name!r} (this module has: {', '.join(entries)})")
 
 
 def section_name(s: str) -> str:

@@ -184,6 +184,7 @@ class TritonExecutor:
         _check_scale_range(kplan, self.params)
         self._dummies: dict[str, torch.Tensor] = {}
         self._launch_cache: dict[int, tuple] = {}
+        self._reserved: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._lock = threading.Lock()
         self.mode = self._pick_mode(mode, binaries or {})
 
@@ -275,13 +276,38 @@ class TritonExecutor:
             x = x.clone(memory_format=torch.contiguous_format)
         return x, home, was_numpy
 
-    def __call__(self, x):
+    def _check_extra(self, extra, num_tokens: int) -> dict[str, torch.Tensor]:
+        """The entry's inputs after x (router logits; top-k weights and ids), on this device in the plan's dtypes,
+        as [T, hidden]."""
+        specs = self.kernel_plan.extra_inputs
+        if len(extra) != len(specs):
+            names = ", ".join(i.name for i in (self.kernel_plan.input, *specs))
+            raise ValueError(f"expected {1 + len(specs)} input(s) ({names}), got {1 + len(extra)}")
+        out = {}
+        for spec, t in zip(specs, extra):
+            t = t if isinstance(t, torch.Tensor) else to_torch(t)
+            if t.dim() < 2 or t.shape[-1] != spec.hidden or math.prod(t.shape[:-1]) != num_tokens:
+                raise ValueError(f"input '{spec.name}': expected [{num_tokens}, {spec.hidden}] (as many rows as x), "
+                                 f"got shape {tuple(t.shape)}")
+            want = torch_dtype(spec.dtype)
+            if (spec.dtype == "int32") != (not t.is_floating_point()):
+                raise ValueError(f"input '{spec.name}': expected {spec.dtype}, got {t.dtype}")
+            if t.device != self.device:
+                t = t.to(self.device)
+            if t.dtype != want:
+                t = t.to(want)
+            t = t.reshape(-1, spec.hidden)
+            out[spec.name] = t if t.is_contiguous() else t.contiguous()
+        return out
+
+    def __call__(self, x, *extra):
         shape = tuple(x.shape)
         x2, home, was_numpy = self._check_input(x)
+        inputs = self._check_extra(extra, x2.shape[0])
         if x2.shape[0] == 0:
             out = x2.new_empty(x2.shape)
         else:
-            out = self.run(x2)[self.kernel_plan.output]
+            out = self.run(x2, inputs=inputs)[self.kernel_plan.output]
         out = out.reshape(shape)
         if was_numpy:
             return to_numpy(out)
@@ -294,32 +320,64 @@ class TritonExecutor:
 
     def new_buffers(self, num_tokens: int) -> dict[str, torch.Tensor]:
         """The plan's scratch buffers for ``num_tokens`` as a call allocates them: every zero-initialised one a
-        view of one zeroed allocation (one memset per forward), the others uninitialised."""
+        view of one zeroed allocation (one memset per forward), the others uninitialised. Up to the token count of
+        :meth:`reserve`, views of the reserved memory instead (no allocation: what CUDA-graph capture needs)."""
+        specs = self._launches(num_tokens)[0]
+        zeroed = [(n, shp, dt) for n, shp, dt, zero in specs if zero]
+        other = [(n, shp, dt) for n, shp, dt, zero in specs if not zero]
+        zero_bytes, other_bytes = self._arena_bytes(zeroed), self._arena_bytes(other)
+        reserved = self._reserved
+        if reserved is not None and num_tokens <= reserved[0]:
+            zpool, opool = reserved[1][:zero_bytes], reserved[2][:other_bytes]
+            zpool.zero_()
+        else:
+            zpool = torch.zeros(zero_bytes, dtype=torch.uint8, device=self.device)
+            opool = torch.empty(other_bytes, dtype=torch.uint8, device=self.device)
         buffers = {}
-        zeroed = []
-        for name, shp, dtype, zero in self._launches(num_tokens)[0]:
-            if zero:
-                zeroed.append((name, shp, dtype))
-            else:
-                buffers[name] = torch.empty(shp, dtype=dtype, device=self.device)
-        sizes = [-(-math.prod(shp) * dtype.itemsize // 256) * 256 for _, shp, dtype in zeroed]
-        pool = torch.zeros(sum(sizes), dtype=torch.uint8, device=self.device)
-        offset = 0
-        for (name, shp, dtype), size in zip(zeroed, sizes):
-            buffers[name] = pool[offset:offset + math.prod(shp) * dtype.itemsize].view(dtype).view(shp)
-            offset += size
+        for pool, group in ((zpool, zeroed), (opool, other)):
+            offset = 0
+            for name, shp, dtype in group:
+                n = math.prod(shp) * dtype.itemsize
+                buffers[name] = pool[offset:offset + n].view(dtype).view(shp)
+                offset += -(-n // 256) * 256
         return buffers
 
+    @staticmethod
+    def _arena_bytes(group) -> int:
+        return sum(-(-math.prod(shp) * dtype.itemsize // 256) * 256 for _, shp, dtype in group)
+
+    def reserve(self, max_tokens: int) -> None:
+        """Allocate the scratch of every call of up to ``max_tokens`` tokens now, once: calls then take views of it
+        (no allocation, no host synchronisation), so a call can be captured in a CUDA graph and replayed, and the
+        output is a view of the reserved memory that the next call overwrites. Calls must then come from one stream
+        at a time."""
+        if max_tokens < 1:
+            raise ValueError(f"reserve: max_tokens must be >= 1, got {max_tokens}")
+        zero = other = 0
+        bounds = {c.max_tokens for c in self.kernel_plan.classes if c.max_tokens is not None}
+        for t in sorted({t for t in bounds if t <= max_tokens} | {max_tokens}):  # sizes grow with T inside a class
+            specs = self._launches(t)[0]
+            zero = max(zero, self._arena_bytes([(n, s, d) for n, s, d, z in specs if z]))
+            other = max(other, self._arena_bytes([(n, s, d) for n, s, d, z in specs if not z]))
+        self._reserved = (max_tokens, torch.zeros(zero, dtype=torch.uint8, device=self.device),
+                          torch.empty(other, dtype=torch.uint8, device=self.device))
+        for dtype in {a.dtype or "float32" for e in self.kernel_plan.kernels.values() for a in e.args
+                      if a.bind == "none"}:
+            self._dummy(dtype)  # made now, not inside a capture
+
     def run(self, x: torch.Tensor, *, kernels: Collection[str] | None = None,
-            buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+            buffers: Mapping[str, torch.Tensor] | None = None,
+            inputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Run the launches of the shape class of ``x`` ([T, H], on this executor's device, in the plan's dtype)
         and return every buffer; a call is ``run(x)[plan output]``. ``kernels``: run only the launches of these
         kernels (``"glu_gemm"``, ...; a plan's entries name them); ``buffers``: copied into the call's buffers
-        first. For tests of single kernels and for timing launches apart."""
+        first. For tests of single kernels and for timing launches apart. ``inputs``: the plan's extra inputs by
+        name (checked by ``__call__``)."""
         num_tokens = x.shape[0]
         bufs = self.new_buffers(num_tokens)
         for name, value in (buffers or {}).items():
             bufs[name].copy_(value)
+
         if self.mode == "interpret":
             from mxmoe.kernels.triton.kernels import interpreter_scope
 
@@ -329,15 +387,17 @@ class TritonExecutor:
         with scope:
             for step in self.steps(num_tokens):
                 if kernels is None or step.kernel in kernels:
-                    self.launch(step, x, bufs)
+                    self.launch(step, x, bufs, inputs)
         return bufs
 
-    def launch(self, step: Step, x: torch.Tensor, buffers: Mapping[str, torch.Tensor]) -> None:
-        """Launch one step of :meth:`steps` on input ``x`` and ``buffers`` (interpreted launches inside
-        ``mxmoe.kernels.triton.kernels.interpreter_scope()``, as :meth:`run` does)."""
+    def launch(self, step: Step, x: torch.Tensor, buffers: Mapping[str, torch.Tensor],
+               inputs: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Launch one step of :meth:`steps` on input ``x`` (and the plan's extra ``inputs`` by name) and ``buffers``
+        (interpreted launches inside ``mxmoe.kernels.triton.kernels.interpreter_scope()``, as :meth:`run` does)."""
         if min(step.grid) == 0:
             return
-        args = [x if kind == "input" else buffers[ref] if kind == "buffer" else ref for kind, ref in step.args]
+        args = [(x if ref is None or ref == "x" else inputs[ref]) if kind == "input" else
+                buffers[ref] if kind == "buffer" else ref for kind, ref in step.args]
         if self.mode == "cubin":
             self._cubins[step.entry].launch(step.grid, args, self.device)
             return

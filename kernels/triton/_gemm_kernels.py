@@ -39,6 +39,8 @@ import triton.language as tl
 
 from mxmoe.core.swizzle import HOPPER_PAIR_BITS, HOPPER_TILE_BYTES, HOPPER_TILE_ROWS
 
+from ._routing_kernel import round_to_bf16
+
 #: This module is executed once as compiled kernels and, when interpreted kernels are asked for, once
 #: more under TRITON_INTERPRET (see kernels.py): the interpreter cannot run inline PTX.
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -172,10 +174,11 @@ def _dot_w_xt(w, x, acc):
 def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row, N: tl.constexpr,
                 K: tl.constexpr, NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, W_TMA: tl.constexpr, W_TILES: tl.constexpr, WIDE_SCALES: tl.constexpr,
-                k_lo, k_hi):
+                k_lo, k_hi, row_scale=None, SCALE_ROWS: tl.constexpr = False):
     """acc^T [BLOCK_N, BLOCK_M] = W[w_rows] @ a^T over k in [k_lo, k_hi) (k_lo a multiple of BLOCK_K): the
     Hopper path's main loop, shared by both GEMMs. ``a_rows`` points at each of the BLOCK_M activation rows;
-    ``tile_row`` is the first of ``w_rows`` (which are then consecutive) for TMA loads."""
+    ``tile_row`` is the first of ``w_rows`` (which are then consecutive) for TMA loads. SCALE_ROWS: each row times
+    its ``row_scale`` first (:func:`_scale_rows`)."""
     tl.static_assert(not (W_TMA and W_TILES), "TMA tiles read the row order, not the tiled one")
     if W_TMA:
         desc = _weight_descriptor(w_ptr, N, K, NUM_EXPERTS, BLOCK_N, BLOCK_K)
@@ -187,12 +190,25 @@ def _hopper_mma(a_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, tile_row
         s_next = _scale_tile(s_ptr, expert, w_rows, w_mask, k0 + BLOCK_K, N, K, BLOCK_K)
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < K), other=0.0)
+        if SCALE_ROWS:
+            a = _scale_rows(a, row_scale)
         if W_TMA:
             w = desc.load([expert * N + tile_row, k0 // 2])
         else:
             w = _hopper_tile(w_ptr, expert, w_rows, w_mask, k0, N, K, BLOCK_K, W_TILES)
         acc_t = _dot_w_xt(_hopper_decode(w, s, BLOCK_N, BLOCK_K, WIDE_SCALES), a.to(tl.bfloat16), acc_t)
     return acc_t
+
+
+@triton.jit
+def _scale_rows(a, row_scale):
+    """Router weight on input: rows ``a`` [M, K] times their weight [M] (fp32, already rounded to a's dtype), the
+    product rounded to a's dtype (to nearest even, also under the interpreter), as the reference's ``weight_rows``
+    does before the experts."""
+    p = a.to(tl.float32) * row_scale[:, None]
+    if a.dtype == tl.bfloat16:
+        p = round_to_bf16(p)
+    return p.to(a.dtype)
 
 
 @triton.jit
@@ -278,7 +294,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     ALPHA: tl.constexpr, LIMIT: tl.constexpr, K_CONTIGUOUS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
-                    W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False, W_TILES: tl.constexpr = False):
+                    W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False, W_TILES: tl.constexpr = False,
+                    SCALE_ROWS: tl.constexpr = False, row_weights_ptr=None, ACTIVATION: tl.constexpr = 0):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
@@ -288,13 +305,21 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     w13 rows are consecutive). W_HOPPER: the decode-in-registers path (see
     the module docstring); WIDE_SCALES picks its exact-for-every-scale multiply; W_TILES: its values in the
     tiled order (``mxmoe.core.layouts.TRITON_HOPPER_TILED``). K_CONTIGUOUS: always True (module docstring).
+    SCALE_ROWS (router weight on input): each gathered row times its pair's routing weight ``row_weights_ptr``
+    [T*k] fp32, rounded to x's dtype, before the GEMM (the reference's ``weight_rows``).
     """
     tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
     block, pid_n = _tile_coords(GROUP_M)
     expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
     if expert < 0:
         return
-    tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K
+    pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
+    tokens = pairs // TOP_K
+    row_scale = None
+    if SCALE_ROWS:  # the weight rounded to x's dtype first, as engines do (x * w.to(x.dtype))
+        row_scale = tl.load(row_weights_ptr + pairs, mask=row_mask, other=0.0)
+        if x_ptr.dtype.element_ty == tl.bfloat16:
+            row_scale = round_to_bf16(row_scale)
     c = tl.arange(0, BLOCK_N)
     act_col = pid_n * (BLOCK_N // 2) + c // 2
     if INTERLEAVED:
@@ -314,7 +339,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
             w_rows, w_mask = half + (c // (BLOCK_N // 2)) * INTERMEDIATE, half < INTERMEDIATE
         tl.static_assert(INTERLEAVED or not W_TMA, "W_TMA needs interleaved gate/up rows")
         acc_t = _hopper_mma(x_rows, row_mask, w_ptr, s_ptr, expert, w_rows, w_mask, pid_n * BLOCK_N, 2 * INTERMEDIATE,
-                            HIDDEN, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, W_TILES, WIDE_SCALES, 0, HIDDEN)
+                            HIDDEN, NUM_EXPERTS, BLOCK_M, BLOCK_N, BLOCK_K, W_TMA, W_TILES, WIDE_SCALES, 0, HIDDEN,
+                            row_scale, SCALE_ROWS)
         if not INTERLEAVED:  # [gate | up] tile rows -> the (gate, up) column pairs the epilogue splits
             acc_t = tl.permute(acc_t.reshape(2, BLOCK_N // 2, BLOCK_M), (1, 0, 2)).reshape(BLOCK_N, BLOCK_M)
         acc = tl.trans(acc_t)
@@ -331,6 +357,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
             s_next = _scale_tile(s_ptr, expert, cols, col_mask, k0 + BLOCK_K, 2 * INTERMEDIATE, HIDDEN, BLOCK_K)
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_rows + k[None, :], mask=row_mask[:, None] & (k[None, :] < HIDDEN), other=0.0)
+            if SCALE_ROWS:
+                x = _scale_rows(x, row_scale)
             if W_TMA:
                 w = desc.load([expert * (2 * INTERMEDIATE) + pid_n * BLOCK_N, k0 // 2]).T
             else:
@@ -340,12 +368,7 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
 
     gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
-    if SWIGLU_OAI:
-        gate = tl.minimum(gate, LIMIT)
-        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
-        act = (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
-    else:
-        act = up * gate * tl.sigmoid(gate)
+    act = _glu(gate, up, SWIGLU_OAI, ACTIVATION, ALPHA, LIMIT)
 
     out_col = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     tl.store(act_ptr + rows.to(tl.int64)[:, None] * INTERMEDIATE + out_col[None, :],
@@ -354,12 +377,35 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
 
 
 @triton.jit
+def _glu(gate, up, SWIGLU_OAI: tl.constexpr, ACTIVATION: tl.constexpr, ALPHA: tl.constexpr,
+         LIMIT: tl.constexpr):
+    """The GLU of fp32 ``gate`` and ``up`` (``mxmoe.core.reference.glu``): SWIGLU_OAI gpt-oss's clamped
+    ``(up + 1) * gate * sigmoid(ALPHA * gate)``; else by ACTIVATION (``ACTIVATIONS`` in the planner): 0 silu, 1 exact
+    gelu (erf), 2 gelu's tanh form (as gate * sigmoid(2 z): tanh z = 2 sigmoid(2z) - 1), 3 silu with gpt-oss's
+    clamps; times ``up``."""
+    if SWIGLU_OAI or ACTIVATION == 3:
+        gate = tl.minimum(gate, LIMIT)
+        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+    if SWIGLU_OAI:
+        return (up + 1.0) * gate * tl.sigmoid(ALPHA * gate)
+    if ACTIVATION == 1:
+        return up * (gate * 0.5 * (1.0 + tl.math.erf(gate * 0.7071067811865476)))
+    if ACTIVATION == 2:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        return up * (gate * tl.sigmoid(2.0 * inner))  # gate/2 * (1 + tanh(inner))
+    return up * gate * tl.sigmoid(gate)
+
+
+@triton.jit
 def _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, HIDDEN: tl.constexpr,
-                  TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_ROWS: tl.constexpr, UNIT_WEIGHTS: tl.constexpr):
+                  TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_ROWS: tl.constexpr, UNIT_WEIGHTS: tl.constexpr,
+                  SHARED: tl.constexpr = False, SHARED_GATE: tl.constexpr = False, shared_rows_ptr=None,
+                  shared_w_ptr=None):
     """out[t, cols] = sum over slots j in order of weight[t, j] * y[t, j] (fp32, one fma per slot from 0), rounded to
     the output dtype. y[t, j] is row t*k + j of ``rows_ptr`` ([SPLIT_K, T*k, HIDDEN]: the SPLIT_K partial rows
     added in order, then rounded to bf16 with ROUND_ROWS, as the reference rounds each expert's output); a slot
     whose expert id is negative (not this layer's) adds nothing; UNIT_WEIGHTS: weight 1 (router weight on input).
+    SHARED: the shared expert's row [T, HIDDEN] comes last, times its gate ``shared_w_ptr`` [T] (SHARED_GATE) or 1.
     Rows may come from other programs of the same launch: read through L2."""
     t_mask = t < num_tokens
     c_mask = cols < HIDDEN
@@ -380,6 +426,15 @@ def _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, 
         else:
             w = tl.load(weights_ptr + pair, mask=valid, other=0.0)
         acc = tl.fma(w[:, None], y, acc)
+    if SHARED:
+        mask = t_mask[:, None] & c_mask[None, :]
+        y = tl.load(shared_rows_ptr + t.to(tl.int64)[:, None] * HIDDEN + cols[None, :], mask=mask, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        if SHARED_GATE:
+            w = tl.load(shared_w_ptr + t, mask=t_mask, other=0.0)
+        else:
+            w = tl.where(t_mask, 1.0, 0.0)
+        acc = tl.fma(w[:, None], y, acc)
     tl.store(out_ptr + t.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=t_mask[:, None] & c_mask[None, :])
 
@@ -388,7 +443,8 @@ def _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, 
 def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr,
                   SLOT_ROWS: tl.constexpr = False, rows_ptr=None, weights_ptr=None, ids_ptr=None,
                   TOP_K: tl.constexpr = 1, SPLIT_K: tl.constexpr = 1, ROUND_ROWS: tl.constexpr = False,
-                  UNIT_WEIGHTS: tl.constexpr = False):
+                  UNIT_WEIGHTS: tl.constexpr = False, SHARED: tl.constexpr = False, SHARED_GATE: tl.constexpr = False,
+                  shared_rows_ptr=None, shared_w_ptr=None):
     """The last program (of the row blocks and K splits) to finish column tile ``pid_n`` writes its
     [T, BLOCK_N] sums to ``cast_ptr`` in the output dtype (SLOT_ROWS: adds up the tile's slot rows,
     :func:`_reduce_slots`). Programs count themselves in an int32 per column tile kept in row T of ``out_ptr``
@@ -402,7 +458,7 @@ def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BL
             t = t0 + tl.arange(0, 16)
             if SLOT_ROWS:
                 _reduce_slots(rows_ptr, weights_ptr, ids_ptr, cast_ptr, t, cols, num_tokens, HIDDEN, TOP_K, SPLIT_K,
-                              ROUND_ROWS, UNIT_WEIGHTS)
+                              ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE, shared_rows_ptr, shared_w_ptr)
             else:
                 offs = t.to(tl.int64)[:, None] * HIDDEN + cols[None, :]
                 mask = (t[:, None] < num_tokens) & (cols[None, :] < HIDDEN)
@@ -421,7 +477,9 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False,
                         FUSED_CAST: tl.constexpr = False, W_TILES: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
                         SLOT_ROWS: tl.constexpr = False, ROUND_ROWS: tl.constexpr = False,
-                        UNIT_WEIGHTS: tl.constexpr = False, rows_ptr=None, ids_ptr=None):
+                        UNIT_WEIGHTS: tl.constexpr = False, SHARED: tl.constexpr = False,
+                        SHARED_GATE: tl.constexpr = False, rows_ptr=None, ids_ptr=None, shared_rows_ptr=None,
+                        shared_w_ptr=None):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
@@ -433,8 +491,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     adding its partial sums (the bias with the first); at one token the w2 GEMM has few programs per SM.
     SLOT_ROWS (deterministic plans): no atomics; program (b, n, s) writes its rows' unweighted sums (bias with
     split 0) to ``rows_ptr`` [SPLIT_K, T*k, H] at their pair's row, and FUSED_CAST's last program adds them up in
-    slot order (:func:`_reduce_slots`; ``ids_ptr``: the expert ids, negative ones skipped). UNIT_WEIGHTS: every
-    routing weight is 1 (the router weight was applied to the input).
+    slot order (:func:`_reduce_slots`; ``ids_ptr``: the expert ids, negative ones skipped; SHARED: the shared
+    expert's rows last). UNIT_WEIGHTS: every routing weight is 1 (the router weight was applied to the input).
     """
     tl.static_assert(SPLIT_K == 1 or W_HOPPER, "split-K is built for the Hopper path only")
     tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
@@ -443,7 +501,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     if expert < 0:
         if FUSED_CAST:  # an empty row block still counts towards its column tile
             _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
-                          routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS)
+                          routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE,
+                          shared_rows_ptr, shared_w_ptr)
         return
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < HIDDEN
@@ -491,7 +550,8 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                       mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
     if FUSED_CAST:
         _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
-                      routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS)
+                      routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE,
+                      shared_rows_ptr, shared_w_ptr)
 
 
 @triton.jit
@@ -505,11 +565,13 @@ def cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=["num_tokens"])
 def combine_slots_kernel(rows_ptr, weights_ptr, ids_ptr, out_ptr, num_tokens,
                          HIDDEN: tl.constexpr, TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, ROUND_ROWS: tl.constexpr,
-                         UNIT_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+                         UNIT_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                         SHARED: tl.constexpr = False, SHARED_GATE: tl.constexpr = False, shared_rows_ptr=None,
+                         shared_w_ptr=None):
     """The deterministic combine: out[t] = sum over slots j in order of weight[t, j] * y[t, j] from the slot rows
     ``combine_gemm_kernel`` wrote with SLOT_ROWS (:func:`_reduce_slots`), BLOCK_T tokens x BLOCK_H columns a
     program."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     _reduce_slots(rows_ptr, weights_ptr, ids_ptr, out_ptr, t, cols, num_tokens, HIDDEN, TOP_K, SPLIT_K, ROUND_ROWS,
-                  UNIT_WEIGHTS)
+                  UNIT_WEIGHTS, SHARED, SHARED_GATE, shared_rows_ptr, shared_w_ptr)

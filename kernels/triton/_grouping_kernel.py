@@ -1,6 +1,7 @@
 """Grouping (token, slot) pairs by expert for the grouped GEMMs, without reading anything back to the host.
 
-The result: ``sorted_pairs[r]`` is the flat pair index t*k + j of sorted row r (rows [offsets[e],
+A pair whose expert id is negative (-1: another rank's expert, or an id outside the layer) is in no group: no
+row, no work, no weight bytes. The result: ``sorted_pairs[r]`` is the flat pair index t*k + j of sorted row r (rows [offsets[e],
 offsets[e+1]) belong to expert e, in pair order); block b of the padded row space (each expert's rows padded
 to BLOCK_M) covers sorted rows ``block_start[b] + [0, BLOCK_M)`` clipped to its expert's end, and
 ``block_expert[b] == -1`` marks a block past the last group (its programs exit at once). Every size is a
@@ -79,7 +80,7 @@ def group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
         onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
         rank = tl.cumsum(onehot, axis=0) - onehot
         dest = tl.sum(onehot * (rank + (begins + placed)[None, :]), axis=1)
-        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid)
+        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid & (ids >= 0))  # -1: not this layer's expert
         placed += tl.sum(onehot, axis=0)
 
 
@@ -146,7 +147,8 @@ def scatter_by_block_counts(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_p
     for p0 in range(0, num_pairs, LANES):
         pairs = p0 + tl.arange(0, LANES)
         valid = pairs < num_pairs
-        ids = tl.load(ids_ptr + pairs, mask=valid, other=0, cache_modifier=".cg")
+        ids = tl.load(ids_ptr + pairs, mask=valid, other=-1, cache_modifier=".cg")
+        valid &= ids >= 0  # -1: not this layer's expert (expert parallelism), never placed
         rank = tl.load(ranks_ptr + pairs, mask=valid, other=0, cache_modifier=".cg")
         first = tl.load(block_counts_ptr + (pairs // PAIRS_PER_BLOCK) * EXPERTS_POW2 + ids, mask=valid, other=0,
                         cache_modifier=".cg")
@@ -215,5 +217,52 @@ def chunk_scatter_kernel(ids_ptr, chunk_offsets_ptr, sorted_pairs_ptr, num_pairs
         onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
         rank = tl.cumsum(onehot, axis=0) - onehot
         dest = tl.sum(onehot * (rank + placed[None, :]), axis=1)
-        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid)
+        tl.store(sorted_pairs_ptr + dest, pairs, mask=valid & (ids >= 0))  # -1: not this layer's expert
         placed += tl.sum(onehot, axis=0)
+
+
+# ------------------------------------------------ ids from the engine (modular entry), and the shared expert
+
+@triton.jit
+def _map_ids(ids_ptr, map_ptr, out_ptr, pairs, valid, NUM_GLOBAL: tl.constexpr, HAS_MAP: tl.constexpr):
+    """out[p] = this layer's id of the engine's global id ids[p] (through the expert map with HAS_MAP), or -1 for an
+    id outside [0, NUM_GLOBAL) (an engine's skip sentinel) or another rank's expert."""
+    ids = tl.load(ids_ptr + pairs, mask=valid, other=-1)
+    inside = valid & (ids >= 0) & (ids < NUM_GLOBAL)
+    if HAS_MAP:
+        ids = tl.load(map_ptr + ids, mask=inside, other=-1)
+    tl.store(out_ptr + pairs, tl.where(inside, ids, -1), mask=valid)
+
+
+@triton.jit
+def map_ids_kernel(ids_ptr, map_ptr, out_ptr, num_pairs, NUM_GLOBAL: tl.constexpr, HAS_MAP: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """:func:`_map_ids` on BLOCK pairs a program (many tokens; grouping follows in launches of its own)."""
+    pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _map_ids(ids_ptr, map_ptr, out_ptr, pairs, pairs < num_pairs, NUM_GLOBAL, HAS_MAP)
+
+
+@triton.jit
+def map_and_group_kernel(ids_ptr, map_ptr, out_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
+                         block_start_ptr, num_pairs, num_blocks, NUM_GLOBAL: tl.constexpr, HAS_MAP: tl.constexpr,
+                         NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                         CHUNK: tl.constexpr):
+    """Few tokens, one program: :func:`_map_ids` on every pair, then :func:`group_pairs` of the mapped ids."""
+    for p0 in range(0, num_pairs, CHUNK):
+        pairs = p0 + tl.arange(0, CHUNK)
+        _map_ids(ids_ptr, map_ptr, out_ptr, pairs, pairs < num_pairs, NUM_GLOBAL, HAS_MAP)
+    tl.debug_barrier()  # the ids just stored are read back by other threads
+    group_pairs(out_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_pairs,
+                num_blocks, NUM_EXPERTS, EXPERTS_POW2, BLOCK_M, CHUNK)
+
+
+@triton.jit
+def dense_groups_kernel(sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_tokens, num_blocks,
+                        BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """The groups of the shared expert: every token on expert 0 (sorted row r = token r), BLOCK_M-row blocks, blocks
+    past the tokens -1; the grouped GEMMs then run it like a routed expert."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(sorted_pairs_ptr + i, i, mask=i < num_tokens)
+    tl.store(block_expert_ptr + i, tl.where(i * BLOCK_M < num_tokens, 0, -1), mask=i < num_blocks)
+    tl.store(block_start_ptr + i, i * BLOCK_M, mask=i < num_blocks)
+    tl.store(expert_offsets_ptr + i, tl.where(i == 0, 0, num_tokens), mask=i < 2)

@@ -1,5 +1,6 @@
-"""The router of a kernel plan: the router linear (split along H), top-k + softmax on the logits, and for few
-tokens both in one launch that also groups the pairs by expert."""
+"""The router of a kernel plan: the router linear (split along H), the routing on the logits (top-k + softmax,
+the sigmoid routers, expert groups, scaling: docs/routing.md), and for few tokens both in one launch that also
+groups the pairs by expert."""
 
 import triton
 import triton.language as tl
@@ -29,16 +30,50 @@ def _tree_sum(v, ROWS: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def _sigmoid(v):
+    """1 / (1 + exp(-v)) in fp32, the reference's formula (the routers' scores)."""
+    return 1.0 / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def _group_limit(choice, EXPERTS_POW2: tl.constexpr, BLOCK_T: tl.constexpr, NUM_EXPERTS: tl.constexpr,
+                 N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUPS_POW2: tl.constexpr):
+    """``choice`` [BLOCK_T, EXPERTS_POW2] with the experts outside the TOPK_GROUP best of N_GROUP groups of consecutive
+    experts at -inf: a group's score is the sum of its two largest values, groups picked by rounds of arg-max with
+    ties to the lower group (``mxmoe.core.reference.group_limited``)."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    groups = tl.arange(0, GROUPS_POW2)
+    gid = experts // (NUM_EXPERTS // N_GROUP)
+    scores = tl.full([BLOCK_T, GROUPS_POW2], -float("inf"), tl.float32)
+    for g in tl.static_range(N_GROUP):
+        v = tl.where((gid == g)[None, :], choice, -float("inf"))
+        first = tl.argmax(v, axis=1, tie_break_left=True)
+        second = tl.max(tl.where(experts[None, :] == first[:, None], -float("inf"), v), axis=1)
+        scores = tl.where(groups[None, :] == g, (tl.max(v, axis=1) + second)[:, None], scores)
+    keep = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.int1)
+    for _ in tl.static_range(TOPK_GROUP):
+        best = tl.argmax(scores, axis=1, tie_break_left=True)
+        keep = keep | (gid[None, :] == best[:, None])
+        scores = tl.where(groups[None, :] == best[:, None], -float("inf"), scores)
+    return tl.where(keep, choice, -float("inf"))
+
+
+@triton.jit
 def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
                       TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr, SLOTS_POW2: tl.constexpr,
-                      BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr = False):
+                      BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr = False,
+                      SIGMOID: tl.constexpr = 0, RENORMALIZE: tl.constexpr = False, SCALING: tl.constexpr = 1.0,
+                      scores=None):
     """k rounds of argmax-and-mask over fp32 ``logits`` [BLOCK_T, EXPERTS_POW2] (padding at -inf),
-    then one softmax; stores weights [T, k] fp32 and ids [T, k] int32 for the rows in ``token_mask``
+    then the weights; stores weights [T, k] fp32 and ids [T, k] int32 for the rows in ``token_mask``
     (HAS_MAP: the ids through ``map_ptr``, the expert map: a global id's local one, or -1).
 
-    SOFTMAX_OVER_ALL divides by the sum over all experts ("softmax_topk" without renormalisation);
-    otherwise by the sum over the k chosen, which is both "topk_softmax" and renormalised
-    "softmax_topk" (softmax is monotonic, so selecting on logits selects on probabilities too).
+    SIGMOID 0 (the softmax routings): one softmax. SOFTMAX_OVER_ALL divides by the sum over all experts
+    ("softmax_topk" without renormalisation); otherwise by the sum over the k chosen, which is both "topk_softmax"
+    and renormalised "softmax_topk" (softmax is monotonic, so selecting on logits selects on probabilities too).
+    SIGMOID 1 ("topk_sigmoid"): the chosen logits' sigmoids. SIGMOID 2 ("sigmoid_topk"): ``logits`` are the choice
+    values (scores + correction bias, group-limited: :func:`_logits_to_routing`), the weights the chosen experts'
+    ``scores``, with RENORMALIZE divided by their sum in slot order + 1e-20. Every weight times SCALING last.
     Ties go to the lower expert id, as in the reference op. Every sum has a fixed order (the k chosen in slot
     order, all experts by :func:`_tree_sum`), so a token's weights are the same bits in every kernel and tile
     that routes it (docs/routing.md).
@@ -52,14 +87,26 @@ def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
     denom = tl.zeros([BLOCK_T], tl.float32)
     for j in tl.static_range(TOP_K):
         best = tl.argmax(remaining, axis=1, tie_break_left=True).to(tl.int32)
-        num = tl.exp(tl.max(remaining, axis=1) - top)
+        if SIGMOID == 0:
+            num = tl.exp(tl.max(remaining, axis=1) - top)
+        elif SIGMOID == 1:
+            num = _sigmoid(tl.max(remaining, axis=1))
+        else:  # the chosen expert's score (one non-zero term: exact)
+            num = tl.sum(tl.where(experts[None, :] == best[:, None], scores, 0.0), axis=1)
         denom += num  # the k chosen, in slot order
         chosen_num = tl.where(slots[None, :] == j, num[:, None], chosen_num)
         chosen_id = tl.where(slots[None, :] == j, best[:, None], chosen_id)
         remaining = tl.where(experts[None, :] == best[:, None], -float("inf"), remaining)
-    if SOFTMAX_OVER_ALL:
-        denom = _tree_sum(tl.exp(logits - top[:, None]), BLOCK_T, EXPERTS_POW2)
-    weights = chosen_num / denom[:, None]
+    if SIGMOID == 0:
+        if SOFTMAX_OVER_ALL:
+            denom = _tree_sum(tl.exp(logits - top[:, None]), BLOCK_T, EXPERTS_POW2)
+        weights = chosen_num / denom[:, None]
+    elif SIGMOID == 2 and RENORMALIZE:
+        weights = chosen_num / (denom + 1e-20)[:, None]
+    else:
+        weights = chosen_num
+    if SCALING != 1.0:
+        weights = weights * SCALING
 
     out = tokens.to(tl.int64)[:, None] * TOP_K + slots[None, :]
     out_mask = token_mask[:, None] & (slots[None, :] < TOP_K)
@@ -156,9 +203,14 @@ def _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens,
 def _logits_to_routing(acc, b_ptr, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS: tl.constexpr,
                        TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr, SLOTS_POW2: tl.constexpr,
                        HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-                       SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr):
+                       SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr, SIGMOID: tl.constexpr = 0,
+                       RENORMALIZE: tl.constexpr = False, SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1,
+                       TOPK_GROUP: tl.constexpr = 1, GROUPS_POW2: tl.constexpr = 1,
+                       HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
     """The contract's last steps on fp32 sums ``acc`` [BLOCK_T, EXPERTS_POW2]: + bias in fp32, rounded once to bf16
-    (ROUND_LOGITS_BF16; :func:`round_to_bf16`), top-k (ties to the lower id) and softmax, stored."""
+    (ROUND_LOGITS_BF16; :func:`round_to_bf16`; an fp32 router keeps its sums), then the selection and weights
+    (:func:`_select_and_store`). SIGMOID 2 ("sigmoid_topk") chooses on the scores sigmoid(logit) + the fp32
+    correction bias ``sb_ptr`` (HAS_SCORE_BIAS), limited to TOPK_GROUP of N_GROUP groups (:func:`_group_limit`)."""
     experts = tl.arange(0, EXPERTS_POW2)
     expert_mask = experts < NUM_EXPERTS
     if HAS_BIAS:
@@ -166,8 +218,27 @@ def _logits_to_routing(acc, b_ptr, tokens, token_mask, weights_ptr, ids_ptr, map
     if ROUND_LOGITS_BF16:
         acc = round_to_bf16(acc)
     logits = tl.where(expert_mask[None, :], acc, -float("inf"))
-    _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
-                      TOP_K, EXPERTS_POW2, SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP)
+    if SIGMOID == 2:
+        scores = _sigmoid(logits)
+        choice = scores
+        if HAS_SCORE_BIAS:
+            choice = choice + tl.load(sb_ptr + experts, mask=expert_mask, other=0.0).to(tl.float32)[None, :]
+        choice = tl.where(expert_mask[None, :], choice, -float("inf"))
+        if N_GROUP > 1 and TOPK_GROUP < N_GROUP:
+            choice = _group_limit(choice, EXPERTS_POW2, BLOCK_T, NUM_EXPERTS, N_GROUP, TOPK_GROUP, GROUPS_POW2)
+        _select_and_store(choice, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, TOP_K, EXPERTS_POW2,
+                          SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP, SIGMOID, RENORMALIZE, SCALING, scores)
+    else:
+        _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, TOP_K, EXPERTS_POW2,
+                          SLOTS_POW2, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP, SIGMOID, RENORMALIZE, SCALING, logits)
+
+
+@triton.jit
+def _logits_tile(logits_ptr, rows, token_mask, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr):
+    """The engine's router logits of ``rows`` (the monolithic entry) as fp32 [ROWS, EXPERTS_POW2]."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    return tl.load(logits_ptr + rows.to(tl.int64)[:, None] * NUM_EXPERTS + experts[None, :],
+                   mask=token_mask[:, None] & (experts < NUM_EXPERTS)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -176,13 +247,17 @@ def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_
                         H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_H: tl.constexpr,
                         ROUTER_BLOCK_T: tl.constexpr, SUB_BLOCKS: tl.constexpr, TOP_K: tl.constexpr,
                         SLOTS_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr,
-                        SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr):
+                        SOFTMAX_OVER_ALL: tl.constexpr, HAS_MAP: tl.constexpr, LOGITS_IN: tl.constexpr = False,
+                        SIGMOID: tl.constexpr = 0, RENORMALIZE: tl.constexpr = False,
+                        SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1, TOPK_GROUP: tl.constexpr = 1,
+                        GROUPS_POW2: tl.constexpr = 1, HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
     """Router and routing of many tokens in one launch: program i takes SUB_BLOCKS (1, 2 or 4) blocks of
     ROUTER_BLOCK_T (16) tokens from token ``i * 16 * SUB_BLOCKS``, walks H in the chunks of the few-token router
     (H_PER_SPLIT wide, one :func:`_router_mm` each, the weight chunk loaded once for the sub-blocks), adds the chunk
     sums in chunk order from 0 (exactly what ``route_partials`` does with the few-token router's partials), and
     routes each block (:func:`_logits_to_routing`). So a token's logits and routing are the same bits in every
-    class, and no partial sums go through memory (issue #22)."""
+    class, and no partial sums go through memory (issue #22). LOGITS_IN (the monolithic entry): ``x_ptr`` holds the
+    engine's logits [T, NUM_EXPERTS], routed as they are. HAS_MAP: ids through the expert map ``map_ptr``."""
     tl.static_assert(SUB_BLOCKS == 1 or SUB_BLOCKS == 2 or SUB_BLOCKS == 4, "SUB_BLOCKS is 1, 2 or 4")
     first = tl.program_id(0) * (ROUTER_BLOCK_T * SUB_BLOCKS)
     t0 = first + tl.arange(0, ROUTER_BLOCK_T)
@@ -197,7 +272,12 @@ def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_
     acc3 = tl.zeros([ROUTER_BLOCK_T, EXPERTS_POW2], tl.float32)
     hb = tl.arange(0, BLOCK_H)
     zero = _runtime_zero(num_tokens)
-    for c in range(0, (HIDDEN + H_PER_SPLIT - 1) // H_PER_SPLIT):
+    if LOGITS_IN:
+        acc0 = _logits_tile(x_ptr, r0, t0 < num_tokens, NUM_EXPERTS, EXPERTS_POW2)
+        acc1 = _logits_tile(x_ptr, r1, t1 < num_tokens, NUM_EXPERTS, EXPERTS_POW2)
+        acc2 = _logits_tile(x_ptr, r2, t2 < num_tokens, NUM_EXPERTS, EXPERTS_POW2)
+        acc3 = _logits_tile(x_ptr, r3, t3 < num_tokens, NUM_EXPERTS, EXPERTS_POW2)
+    for c in range(0, 0 if LOGITS_IN else (HIDDEN + H_PER_SPLIT - 1) // H_PER_SPLIT):
         h = c * H_PER_SPLIT + hb
         h_mask = (h < HIDDEN) & (hb < H_PER_SPLIT)
         w = _router_w(w_ptr, h, h_mask, HIDDEN, NUM_EXPERTS, EXPERTS_POW2)
@@ -209,18 +289,22 @@ def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_
             acc3 += _router_mm(_router_x(x_ptr, r3, h, h_mask, HIDDEN), w, IEEE_FP32, zero)
     _logits_to_routing(acc0, b_ptr, t0, t0 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
                        EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
-                       HAS_MAP)
+                       HAS_MAP, SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS,
+                       sb_ptr)
     if SUB_BLOCKS > 1:
         _logits_to_routing(acc1, b_ptr, t1, t1 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
                            EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
-                           HAS_MAP)
+                           HAS_MAP, SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS,
+                           sb_ptr)
     if SUB_BLOCKS > 2:
         _logits_to_routing(acc2, b_ptr, t2, t2 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
                            EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
-                           HAS_MAP)
+                           HAS_MAP, SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS,
+                           sb_ptr)
         _logits_to_routing(acc3, b_ptr, t3, t3 < num_tokens, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
                            EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, ROUTER_BLOCK_T, SOFTMAX_OVER_ALL,
-                           HAS_MAP)
+                           HAS_MAP, SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS,
+                           sb_ptr)
 
 
 @triton.jit
@@ -233,7 +317,12 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
                               SPLITS: tl.constexpr,
                               HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
                               SOFTMAX_OVER_ALL: tl.constexpr, GROUP_EXPERTS_POW2: tl.constexpr,
-                              BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+                              BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                              GROUP_EXPERTS: tl.constexpr = 0, HAS_MAP: tl.constexpr = False,
+                              LOGITS_IN: tl.constexpr = False,
+                              map_ptr=None, SIGMOID: tl.constexpr = 0, RENORMALIZE: tl.constexpr = False,
+                              SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1, TOPK_GROUP: tl.constexpr = 1,
+                              GROUPS_POW2: tl.constexpr = 1, HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
     """Router, routing and grouping in one launch (the few-token classes). Program (i, s) computes the router
     partial sums of token block i (ROUTER_BLOCK_T tokens, >= 16 for the dot) over H split s
     (:func:`router_gemm_kernel`); the last of a block's SPLITS programs to finish routes its first BLOCK_T
@@ -246,7 +335,9 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
                             expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
                             counter_ptr, counter_ptr, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
                             ROUTER_BLOCK_T, BLOCK_H, TOP_K, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
-                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, False, CHUNK, 1, 1)
+                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, False, CHUNK, 1, 1,
+                            GROUP_EXPERTS, HAS_MAP, LOGITS_IN, map_ptr,
+                            SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
 
 
 @triton.jit
@@ -259,7 +350,12 @@ def router_route_scatter_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, we
                                 SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND_LOGITS_BF16: tl.constexpr,
                                 BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
                                 GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
-                                TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr):
+                                TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr,
+                                GROUP_EXPERTS: tl.constexpr = 0, HAS_MAP: tl.constexpr = False,
+                                LOGITS_IN: tl.constexpr = False,
+                                map_ptr=None, SIGMOID: tl.constexpr = 0, RENORMALIZE: tl.constexpr = False,
+                                SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1, TOPK_GROUP: tl.constexpr = 1,
+                                GROUPS_POW2: tl.constexpr = 1, HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
     """:func:`router_route_group_kernel` grouping from per-block counts: the last split of each token block
     also counts the block's pairs per expert with their ranks once it has routed them
     (:func:`block_pair_counts`, into ``block_counts_ptr`` [cdiv(T, ROUTER_BLOCK_T), GROUP_EXPERTS_POW2] and
@@ -270,7 +366,9 @@ def router_route_scatter_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, we
                             expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
                             block_counts_ptr, ranks_ptr, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
                             ROUTER_BLOCK_T, BLOCK_H, TOP_K, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
-                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, True, LANES, TOKEN_BLOCKS_POW2, LANES)
+                            SOFTMAX_OVER_ALL, GROUP_EXPERTS_POW2, BLOCK_M, True, LANES, TOKEN_BLOCKS_POW2, LANES,
+                            GROUP_EXPERTS, HAS_MAP, LOGITS_IN, map_ptr,
+                            SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
 
 
 @triton.jit
@@ -282,16 +380,26 @@ def _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weight
                             SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                             ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr, SOFTMAX_OVER_ALL: tl.constexpr,
                             GROUP_EXPERTS_POW2: tl.constexpr, BLOCK_M: tl.constexpr, SCATTER: tl.constexpr,
-                            CHUNK: tl.constexpr, TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr):
-    """The two kernels above: SCATTER picks the grouping (``block_counts_ptr``/``ranks_ptr`` unused without)."""
-    _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
-                    ROUTER_BLOCK_T, BLOCK_H)
+                            CHUNK: tl.constexpr, TOKEN_BLOCKS_POW2: tl.constexpr, LANES: tl.constexpr,
+                            GROUP_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, LOGITS_IN: tl.constexpr, map_ptr,
+                            SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr, SCALING: tl.constexpr,
+                            N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, GROUPS_POW2: tl.constexpr,
+                            HAS_SCORE_BIAS: tl.constexpr, sb_ptr):
+    """The two kernels above: SCATTER picks the grouping (``block_counts_ptr``/``ranks_ptr`` unused without).
+    GROUP_EXPERTS: the layer's own experts, which the grouping counts (0: NUM_EXPERTS, the experts routed over; they
+    differ under expert parallelism, where HAS_MAP maps the routed ids through ``map_ptr``, -1 for another rank's).
+    LOGITS_IN (the monolithic entry): ``partial_ptr`` is the engine's logits [T, NUM_EXPERTS] (in the activation
+    dtype), routed as they are; no router, one program per token block."""
+    if not LOGITS_IN:
+        _router_partial(x_ptr, w_ptr, partial_ptr, num_tokens, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT,
+                        IEEE_FP32, ROUTER_BLOCK_T, BLOCK_H)
     tl.debug_barrier()
     block = tl.program_id(0)
     if tl.atomic_add(counter_ptr + 1 + block, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
         _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, block * ROUTER_BLOCK_T,
                         NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
-                        SOFTMAX_OVER_ALL)
+                        SOFTMAX_OVER_ALL, map_ptr, HAS_MAP, LOGITS_IN, SIGMOID, RENORMALIZE, SCALING, N_GROUP,
+                        TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
         tl.debug_barrier()  # the ids this program just stored are read back by other threads
         if SCATTER:
             block_pair_counts(ids_ptr, block_counts_ptr, ranks_ptr, num_tokens * TOP_K, block,
@@ -301,14 +409,29 @@ def _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weight
         if tl.num_programs(0) > 1:  # one token block (1-16 tokens): no second round trip
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
         if last:
-            if SCATTER:
-                scatter_by_block_counts(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr,
-                                        block_expert_ptr, block_start_ptr, num_tokens, num_tokens * TOP_K,
-                                        num_blocks, tl.num_programs(0), NUM_EXPERTS, GROUP_EXPERTS_POW2,
-                                        TOKEN_BLOCKS_POW2, ROUTER_BLOCK_T * TOP_K, BLOCK_M, LANES)
+            if GROUP_EXPERTS == 0:
+                _group(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
+                       block_start_ptr, num_tokens, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, TOKEN_BLOCKS_POW2,
+                       ROUTER_BLOCK_T, TOP_K, BLOCK_M, LANES, CHUNK, SCATTER)
             else:
-                group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
-                            num_tokens * TOP_K, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, BLOCK_M, CHUNK)
+                _group(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
+                       block_start_ptr, num_tokens, num_blocks, GROUP_EXPERTS, GROUP_EXPERTS_POW2, TOKEN_BLOCKS_POW2,
+                       ROUTER_BLOCK_T, TOP_K, BLOCK_M, LANES, CHUNK, SCATTER)
+
+
+@triton.jit
+def _group(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
+           block_start_ptr, num_tokens, num_blocks, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+           TOKEN_BLOCKS_POW2: tl.constexpr, ROUTER_BLOCK_T: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+           LANES: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr):
+    if SCATTER:
+        scatter_by_block_counts(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr,
+                                block_expert_ptr, block_start_ptr, num_tokens, num_tokens * TOP_K,
+                                num_blocks, tl.num_programs(0), NUM_EXPERTS, EXPERTS_POW2,
+                                TOKEN_BLOCKS_POW2, ROUTER_BLOCK_T * TOP_K, BLOCK_M, LANES)
+    else:
+        group_pairs(ids_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
+                    num_tokens * TOP_K, num_blocks, NUM_EXPERTS, EXPERTS_POW2, BLOCK_M, CHUNK)
 
 
 @triton.jit
@@ -316,11 +439,17 @@ def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                           NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                           SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                           ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-                          SOFTMAX_OVER_ALL: tl.constexpr):
-    """:func:`_route_partials` for tokens ``program_id(0) * BLOCK_T + [0, BLOCK_T)``."""
+                          SOFTMAX_OVER_ALL: tl.constexpr, map_ptr=None, HAS_MAP: tl.constexpr = False,
+                          LOGITS_IN: tl.constexpr = False, SIGMOID: tl.constexpr = 0,
+                          RENORMALIZE: tl.constexpr = False,
+                          SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1, TOPK_GROUP: tl.constexpr = 1,
+                          GROUPS_POW2: tl.constexpr = 1, HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
+    """:func:`_route_partials` for tokens ``program_id(0) * BLOCK_T + [0, BLOCK_T)`` (LOGITS_IN: ``partial_ptr`` is
+    the engine's logits, the monolithic entry)."""
     _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, tl.program_id(0) * BLOCK_T,
                     NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
-                    SOFTMAX_OVER_ALL)
+                    SOFTMAX_OVER_ALL, map_ptr, HAS_MAP, LOGITS_IN, SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP,
+                    GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
 
 
 @triton.jit
@@ -348,7 +477,10 @@ def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_
                     NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                     SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     ROUND_LOGITS_BF16: tl.constexpr, BLOCK_T: tl.constexpr,
-                    SOFTMAX_OVER_ALL: tl.constexpr, map_ptr=None, HAS_MAP: tl.constexpr = False):
+                    SOFTMAX_OVER_ALL: tl.constexpr, map_ptr=None, HAS_MAP: tl.constexpr = False,
+                    LOGITS_IN: tl.constexpr = False, SIGMOID: tl.constexpr = 0, RENORMALIZE: tl.constexpr = False,
+                    SCALING: tl.constexpr = 1.0, N_GROUP: tl.constexpr = 1, TOPK_GROUP: tl.constexpr = 1,
+                    GROUPS_POW2: tl.constexpr = 1, HAS_SCORE_BIAS: tl.constexpr = False, sb_ptr=None):
     """Top-k + softmax of the router logits of tokens ``first_token + [0, BLOCK_T)``: logits = the SPLITS partials
     added in order from 0, + bias in fp32, rounded to bf16 with ROUND_LOGITS_BF16 (the contract of
     docs/routing.md: :func:`_logits_to_routing`)."""
@@ -356,10 +488,33 @@ def _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, first_
     experts = tl.arange(0, EXPERTS_POW2)
     token_mask = tokens < num_tokens
     rows = tl.minimum(tokens, num_tokens - 1).to(tl.int64)
-    acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
-    for s in tl.static_range(SPLITS):  # rows past T are never stored: not read either
-        acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :],
-                       mask=token_mask[:, None], other=0.0,
-                       cache_modifier=".cg")  # written by other programs (router_route_group_kernel)
+    if LOGITS_IN:  # the engine's logits [T, NUM_EXPERTS]
+        acc = _logits_tile(partial_ptr, rows, token_mask, NUM_EXPERTS, EXPERTS_POW2)
+    else:
+        acc = tl.zeros([BLOCK_T, EXPERTS_POW2], tl.float32)
+        for s in tl.static_range(SPLITS):  # rows past T are never stored: not read either
+            acc += tl.load(partial_ptr + (s * num_tokens + rows)[:, None] * EXPERTS_POW2 + experts[None, :],
+                           mask=token_mask[:, None], other=0.0,
+                           cache_modifier=".cg")  # written by other programs (router_route_group_kernel)
     _logits_to_routing(acc, b_ptr, tokens, token_mask, weights_ptr, ids_ptr, map_ptr, NUM_EXPERTS, TOP_K,
-                       EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP)
+                       EXPERTS_POW2, SLOTS_POW2, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T, SOFTMAX_OVER_ALL, HAS_MAP,
+                       SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
+
+
+@triton.jit
+def shared_gate_kernel(x_ptr, w_ptr, out_ptr, num_tokens, HIDDEN: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """The shared expert's gate: out[t] = sigmoid(round(x[t] @ w)) in fp32, w [H] the gate weight, the dot summed in
+    fp32 (BLOCK_H columns a step, in order) and rounded once to bf16 with ROUND_BF16, as a linear layer in the
+    activation dtype gives it. One kernel for every class: a token's gate is the same bits in every batch."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = tl.minimum(t, num_tokens - 1).to(tl.int64)
+    acc = tl.zeros([BLOCK_T], tl.float32)
+    for h0 in range(0, HIDDEN, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        x = tl.load(x_ptr + rows[:, None] * HIDDEN + h[None, :], mask=(h < HIDDEN)[None, :], other=0.0)
+        w = tl.load(w_ptr + h, mask=h < HIDDEN, other=0.0)
+        acc += _tree_sum(x.to(tl.float32) * w.to(tl.float32)[None, :], BLOCK_T, BLOCK_H)
+    if ROUND_BF16:
+        acc = round_to_bf16(acc)
+    tl.store(out_ptr + t, tl.sigmoid(acc), mask=t < num_tokens)

@@ -23,20 +23,23 @@ def _plan_source(plan: KernelPlan, entry: KernelSpec) -> ASTSource:
 
     fn = get_kernel(entry.kernel, interpret=False)
     runtime_args = [a.name for a in entry.args]
-    expected = [n for n in fn.arg_names if n not in entry.constexprs]
+    # constants added to a kernel after plans named its others have defaults: a plan may leave them out
+    constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs.update(entry.constexprs)
+    expected = [n for n in fn.arg_names if n not in constexprs]
     if runtime_args != expected or set(entry.constexprs) - set(fn.arg_names):
         raise PlanError(f"plan kernel {entry.kernel}: arguments {runtime_args} + constexprs "
                         f"{sorted(entry.constexprs)} do not match the kernel's parameters {fn.arg_names}")
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in entry.constexprs:
+        if name in constexprs:
             signature[name] = "constexpr"
             continue
         ty = plan.arg_type(entry.args[runtime_args.index(name)])
         signature[name] = ty
         if ty.startswith("*"):
             attrs[(i,)] = [["tt.divisibility", 16]]  # the executor only passes 16-byte aligned pointers
-    return ASTSource(fn=fn, signature=signature, constexprs=dict(entry.constexprs), attrs=attrs)
+    return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
 def compile_entry(plan: KernelPlan, name: str, arch: int):
@@ -50,15 +53,17 @@ def compile_entry(plan: KernelPlan, name: str, arch: int):
                                        enable_fp_fusion=True))  # the JIT default
 
 
-def compile_plan(plan: Union[Mapping[str, Any], KernelPlan],
-                 arch: int | None = None) -> tuple[dict[str, bytes], dict[str, dict]]:
+def compile_plan(plan: Union[Mapping[str, Any], KernelPlan], arch: int | None = None,
+                 cache: dict | None = None) -> tuple[dict[str, bytes], dict[str, dict]]:
     """Cubins of every kernel in a kernel plan (a :class:`KernelPlan` or its dict), and their launch
     metadata, for ``sm_<arch>`` (the plan's by default).
 
     Returns ({entry name: cubin bytes}, {entry name: {"function", "num_warps", "shared",
     "global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
-    "triton"}}). Runs without a GPU.
+    "triton"}}). Runs without a GPU. ``cache`` (a dict the caller keeps): kernels already compiled for another
+    plan with the same kernel, constants, launch options and argument types are taken from it.
     """
+    import json
     import os
 
     from .kernels import standard_library_is_compiled
@@ -69,10 +74,16 @@ def compile_plan(plan: Union[Mapping[str, Any], KernelPlan],
         raise ValueError(f"arch must be 90 or 100, got {arch}")
     if not standard_library_is_compiled():
         return _compile_plan_in_subprocess(plan, arch)
+    cache = {} if cache is None else cache
     binaries, meta = {}, {}
     saved = os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels even inside an interpreter run
     try:
-        for name in plan.kernels:
+        for name, entry in plan.kernels.items():
+            key = (arch, entry.kernel, json.dumps(dict(entry.constexprs), sort_keys=True), entry.num_warps,
+                   entry.num_stages, tuple(plan.arg_type(a) for a in entry.args))
+            if key in cache:
+                binaries[name], meta[name] = cache[key]
+                continue
             compiled = compile_entry(plan, name, arch)
             binaries[name] = bytes(compiled.asm["cubin"])
             md = compiled.metadata
@@ -85,6 +96,7 @@ def compile_plan(plan: Union[Mapping[str, Any], KernelPlan],
                 "profile_scratch_align": int(getattr(md, "profile_scratch_align", 1) or 1),
                 "triton": triton.__version__,
             }
+            cache[key] = (binaries[name], meta[name])
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved

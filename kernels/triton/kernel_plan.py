@@ -8,6 +8,7 @@ store (see docs/nvidia.md for an example)::
   target, arch  "cuda:sm_90", 90
   layer         the layer's semantics (E, k, H, I, routing, activation, dtype, ...), for humans and checks
   input         {"name", "dtype", "hidden"}: the entry tensor [T, H] (or [..., H], flattened)
+  extra_inputs  (entries with more inputs) [{"name", "dtype", "hidden"}]: [T, hidden] each, after x
   parameters    global name -> {"role", "operand", "shape", "dtype"}: weights the kernels read, in the plan's layout
   buffers       name -> {"dtype", "shape": [expr...], "init": "zeros"?}: scratch allocated per call
   kernels       entry name -> {"kernel", "constexprs", "num_warps", "num_stages", "args": [arg...]}
@@ -50,14 +51,15 @@ class Arg:
 
     name: str
     bind: str
-    ref: str | None = None      # "param": the parameter's name; "buffer": the buffer's
+    ref: str | None = None      # "param": the parameter's name; "buffer": the buffer's; "input": an extra input's
     expr: Expr | None = None    # "expr": the scalar's value
     type: str | None = None     # "expr": its Triton type (i32, i64, fp32)
     dtype: str | None = None    # "none": the dtype of the (absent) tensor
 
     @classmethod
-    def input(cls, name: str) -> "Arg":
-        return cls(name, "input")
+    def input(cls, name: str, ref: str | None = None) -> "Arg":
+        """An entry input: ``x`` (``ref`` None) or one of the plan's ``extra_inputs`` by name."""
+        return cls(name, "input", ref)
 
     @classmethod
     def param(cls, name: str, ref: str) -> "Arg":
@@ -203,13 +205,38 @@ class LayerInfo:
     interleaved: bool
     dtype: str            # activation dtype: "bfloat16" | "float32"
     layout: str           # mxmoe.core.layouts name of the stored MXFP4 values
+    #: the entry the plan runs (docs/interface.md): "layer" (x in, the layer's router), "monolithic" (x and the
+    #: engine's router logits), "modular" (x and the engine's top-k weights and global ids), "shared" (x through
+    #: the shared expert alone)
+    entry: str = dataclasses.field(default="layer", kw_only=True)
+    #: the experts routing picks from (router rows, logits width, expert map length); 0: num_experts
+    global_experts: int = dataclasses.field(default=0, kw_only=True)
+    #: the routing weight scales the token before the experts (top_k 1), the combine adds with weight 1
+    weight_on_input: bool = dataclasses.field(default=False, kw_only=True)
+    #: a shared expert (MXFP4, gate rows then up rows) of this intermediate size, 0 for none; gated by sigmoid
+    shared_intermediate: int = dataclasses.field(default=0, kw_only=True)
+    shared_gate: bool = dataclasses.field(default=False, kw_only=True)
+    #: its weights: "mxfp4" (run as one more grouped expert) or "bf16" (the activation dtype: dense GEMMs)
+    shared_format: str = dataclasses.field(default="mxfp4", kw_only=True)
+    #: "sigmoid_topk"'s expert groups (docs/routing.md): keep the ``topk_group`` best of ``n_group``
+    n_group: int = dataclasses.field(default=1, kw_only=True)
+    topk_group: int = dataclasses.field(default=1, kw_only=True)
+    #: every routing weight times this (``routed_scaling_factor``)
+    scaling: float = dataclasses.field(default=1.0, kw_only=True)
+    #: the router runs in fp32 (fp32 weights, an IEEE dot, logits not rounded; monolithic: fp32 logits in)
+    router_fp32: bool = dataclasses.field(default=False, kw_only=True)
+
+    @property
+    def experts_routed(self) -> int:
+        return self.global_experts or self.num_experts
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(LayerInfo)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LayerInfo":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(LayerInfo)})
+        """Plans written before the entry fields lack them: the layer entry, no expert map, no shared expert."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(LayerInfo) if f.name in d or not f.kw_only})
 
 
 @dataclass(frozen=True)
@@ -270,6 +297,9 @@ class KernelPlan:
     cubins: Mapping[str, Mapping[str, Any]] | None = None
     #: the compile options it was made with (plans written before them: all off)
     options: PlanOptions = PlanOptions()
+    #: entry inputs after ``x`` (the monolithic entry's router logits, the modular entry's top-k weights and ids),
+    #: each [T, hidden] with T the tokens of x
+    extra_inputs: tuple[PlanInput, ...] = ()
 
     def __post_init__(self) -> None:
         self._check()
@@ -285,7 +315,7 @@ class KernelPlan:
     def arg_type(self, arg: Arg) -> str:
         """Triton signature type of one kernel argument (``*bf16``, ``i32``, ...)."""
         if arg.bind == "input":
-            dtype = self.input.dtype
+            dtype = self.input.dtype if arg.ref in (None, self.input.name) else self.extra_input(arg.ref).dtype
         elif arg.bind == "param":
             dtype = self.parameters[arg.ref].dtype
         elif arg.bind == "buffer":
@@ -301,6 +331,13 @@ class KernelPlan:
         if dtype not in POINTER_TYPES:
             raise PlanError(f"argument {arg.name}: unsupported dtype {dtype!r}")
         return POINTER_TYPES[dtype]
+
+    def extra_input(self, name: str) -> PlanInput:
+        for inp in self.extra_inputs:
+            if inp.name == name:
+                return inp
+        raise PlanError(f"the plan has no input {name!r} (inputs: "
+                        f"{', '.join([self.input.name] + [i.name for i in self.extra_inputs])})")
 
     def replace_constexprs(self, changes: Mapping[str, Mapping[str, Any]]) -> "KernelPlan":
         """A copy whose kernel entries have some constants changed: {entry name: {constant: value}}."""
@@ -354,6 +391,8 @@ class KernelPlan:
             "output": {"buffer": self.output},
             "options": self.options.to_dict(),
         }
+        if self.extra_inputs:
+            d["extra_inputs"] = [i.to_dict() for i in self.extra_inputs]
         if self.cubins is not None:
             d["cubins"] = {name: dict(meta) for name, meta in self.cubins.items()}
         return d
@@ -381,7 +420,8 @@ class KernelPlan:
                 classes=tuple(ShapeClass.from_dict(c) for c in plan["classes"]),
                 output=plan["output"]["buffer"],
                 cubins=None if cubins is None else {n: dict(m) for n, m in cubins.items()},
-                options=PlanOptions.from_dict(plan.get("options")))
+                options=PlanOptions.from_dict(plan.get("options")),
+                extra_inputs=tuple(PlanInput(i["name"], i["dtype"], i["hidden"]) for i in plan.get("extra_inputs", ())))
         except (KeyError, TypeError, AttributeError) as e:
             raise PlanError(f"malformed kernel plan: {type(e).__name__} {e}") from None
 

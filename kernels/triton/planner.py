@@ -42,6 +42,8 @@ FEW_TOKEN_ROUTER_H = 128
 SPLIT_ROUTER_MAX_TOKENS = 1024
 #: Tokens x columns per program of the deterministic combine (``combine_slots``)
 SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
+#: (token, slot) pairs per program of ``map_ids`` (the modular entry's ids, many tokens)
+MAP_BLOCK = 1024
 #: Elements per program of the cast: 32 per thread at 4 warps. (At 1024, gpt-oss-20b's 16384-token
 #: cast ran at 1.26 TB/s: the programs were too short.)
 CAST_BLOCK = 4096
@@ -59,31 +61,85 @@ class StoredWeight:
 
 @dataclass(frozen=True)
 class LayerSpec(LayerInfo):
-    """What the kernels need to know of one MoE layer: its semantics (:class:`LayerInfo`: E, k, H, I, routing,
-    activation, gate/up order, activation dtype, weight layout) and the stored weights holding its router and
-    experts (absent biases None)."""
+    """What the kernels need to know of one MoE layer entry: its semantics (:class:`LayerInfo`: E, k, H, I, routing,
+    activation, gate/up order, activation dtype, weight layout, the entry, expert map, router weight on input, shared
+    expert) and the stored weights holding its router and experts (absent ones None: biases, the router of an
+    engine-routed entry, the routed experts of the shared-expert entry, the map, the shared expert)."""
 
-    router_weight: StoredWeight
-    w13: StoredWeight
-    w13_scale: StoredWeight
-    w2: StoredWeight
-    w2_scale: StoredWeight
+    router_weight: StoredWeight | None
+    w13: StoredWeight | None
+    w13_scale: StoredWeight | None
+    w2: StoredWeight | None
+    w2_scale: StoredWeight | None
     router_bias: StoredWeight | None = None
     w13_bias: StoredWeight | None = None
     w2_bias: StoredWeight | None = None
+    expert_map: StoredWeight | None = None
+    shared_w13: StoredWeight | None = None
+    shared_w13_scale: StoredWeight | None = None
+    shared_w2: StoredWeight | None = None
+    shared_w2_scale: StoredWeight | None = None
+    shared_gate_weight: StoredWeight | None = None
+    #: "sigmoid_topk"'s correction bias [E_global] fp32 (added to the scores for choosing only)
+    score_bias: StoredWeight | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("bfloat16", "float32"):
             raise PlanError(f"the Triton kernels take bf16 or fp32 hidden states, not {self.dtype}")
+        if self.entry not in ENTRY_KINDS:
+            raise PlanError(f"unknown entry kind {self.entry!r} (known: {', '.join(ENTRY_KINDS)})")
         kernel_layout(self.layout)
+        need = {"layer": ("router_weight", "w13", "w2"), "monolithic": ("w13", "w2"), "modular": ("w13", "w2"),
+                "shared": ("shared_w13", "shared_w2")}[self.entry]
+        if self.shared_format not in ("mxfp4", "bf16"):
+            raise PlanError(f"shared_format must be 'mxfp4' or 'bf16', got {self.shared_format!r}")
+        if self.shared_intermediate:
+            need += ("shared_w13", "shared_w2") + (("shared_w13_scale", "shared_w2_scale") if self.mxfp4_shared
+                                                    else ())
+        missing = [n for n in need if getattr(self, n) is None]
+        if missing:
+            raise PlanError(f"a {self.entry} entry needs the weights {', '.join(missing)}")
+        if self.weight_on_input and self.top_k != 1:
+            raise PlanError(f"router weight on input needs top_k 1, got {self.top_k}")
+        if self.shared_gate and self.shared_gate_weight is None:
+            raise PlanError("a gated shared expert needs its gate weight")
+        if self.routing not in ROUTINGS:
+            raise PlanError(f"routing {self.routing!r} is not one the Triton kernels run (known: "
+                            f"{', '.join(ROUTINGS)})")
+        if self.activation not in ACTIVATIONS:
+            raise PlanError(f"activation {self.activation!r} is not one the Triton kernels run (known: "
+                            f"{', '.join(ACTIVATIONS)})")
+        if (self.score_bias is not None or self.n_group != 1) and self.routing != "sigmoid_topk":
+            raise PlanError(f"a correction bias and expert groups are 'sigmoid_topk''s, not {self.routing!r}'s")
+
+    @property
+    def mxfp4_shared(self) -> bool:
+        """Whether the shared expert's weights are MXFP4 (else in the activation dtype: :func:`_dense_shared`)."""
+        return self.shared_format == "mxfp4"
 
     def info(self) -> LayerInfo:
         return LayerInfo(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LayerInfo)})
 
+    @property
+    def routed(self) -> bool:
+        """Whether the entry runs the routed experts (all but the shared expert alone)."""
+        return self.entry != "shared"
+
+
+#: The routings the routing kernels run (``SIGMOID`` of ``_select_and_store``: 0 the softmax ones, 1, 2)
+ROUTINGS = {"topk_softmax": 0, "softmax_topk": 0, "topk_sigmoid": 1, "sigmoid_topk": 2}
+#: The GLU activations of ``glu_gemm`` (its ``ACTIVATION``; swiglu_oai is ``SWIGLU_OAI``)
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 0, "gelu": 1, "gelu_tanh": 2, "silu_clamped": 3}
+
+#: The entries a plan runs (``LayerInfo.entry``)
+ENTRY_KINDS = ("layer", "monolithic", "modular", "shared")
 
 #: LayerSpec weight field -> role in the plan (and the order of the plan's parameters)
 _ROLES = (("router_weight", "router_weight"), ("router_bias", "router_bias"), ("w13", "values"),
-          ("w13_scale", "scales"), ("w13_bias", "bias"), ("w2", "values"), ("w2_scale", "scales"), ("w2_bias", "bias"))
+          ("w13_scale", "scales"), ("w13_bias", "bias"), ("w2", "values"), ("w2_scale", "scales"), ("w2_bias", "bias"),
+          ("expert_map", "expert_map"), ("shared_w13", "values"), ("shared_w13_scale", "scales"),
+          ("shared_w2", "values"), ("shared_w2_scale", "scales"), ("shared_gate_weight", "shared_gate"),
+          ("score_bias", "score_bias"))
 
 
 def kernel_layout(name: str) -> Layout:
@@ -115,10 +171,18 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
         if spec.hidden % 32 or spec.intermediate % 32:
             raise PlanError(f"activations='mxfp8' needs H and I multiples of 32, got {spec.hidden} and "
                             f"{spec.intermediate}")
+        unbuilt = [what for what, there in (("router weight on input", spec.weight_on_input),
+                                            ("a shared expert", spec.shared_intermediate),
+                                            (f"activation {spec.activation!r}", ACTIVATIONS[spec.activation]))
+                   if there]
+        if unbuilt:
+            raise PlanError(f"activations='mxfp8' does not run {', '.join(unbuilt)} yet (the w4a8 GEMMs); compile "
+                            "with activations='bf16'")
     elif activations != "bf16":
         raise PlanError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
     kernels = _Kernels()
-    classes = shape_classes(spec.num_experts, spec.top_k)
+    E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
+    classes = shape_classes(E, k)
     tiles = {name: _class_tiles(spec, layout, arch, name, options) for name, _ in classes}
     slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}
     # fp32 layers sum into their output unless some class writes slot rows; then every class writes "output"
@@ -129,28 +193,47 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     return KernelPlan(target=target or f"cuda:sm_{arch}", arch=arch, layer=spec.info(),
                       input=PlanInput("x", spec.dtype, spec.hidden), parameters=_parameters(spec),
                       buffers=_buffers(spec, kernels.entries, output), kernels=kernels.entries, classes=shape,
-                      output=output, options=options)
+                      output=output, options=options, extra_inputs=_extra_inputs(spec))
+
+
+def _extra_inputs(spec: LayerSpec) -> tuple[PlanInput, ...]:
+    """The entry's inputs after x: the engine's router logits (monolithic) or top-k weights and ids (modular)."""
+    if spec.entry == "monolithic":
+        return (PlanInput("router_logits", "float32" if spec.router_fp32 else spec.dtype, spec.experts_routed),)
+    if spec.entry == "modular":
+        return (PlanInput("topk_weights", "float32", spec.top_k), PlanInput("topk_ids", "int32", spec.top_k))
+    return ()
 
 
 def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str,
-                 options: PlanOptions) -> tuple[TileConfig, TileConfig]:
-    """(w13, w2) tiles of class ``name``; batch-invariant plans reduce along K alike in every class
-    (:func:`~.tile_config.batch_invariant_config`)."""
-    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
-    if options.activations == "mxfp8":
-        return w4a8_config(name, 2 * I, H, arch), w4a8_config(name, H, I, arch, gemm="combine")
-    c13 = class_config(name, 2 * I, H, arch, hopper=layout.hopper_words)
-    c2 = class_config(name, H, I, arch, gemm="combine", hopper=layout.hopper_words)
+                 options: PlanOptions) -> tuple[TileConfig, TileConfig, TileConfig | None, TileConfig | None]:
+    """(w13, w2, shared w13, shared w2) tiles of class ``name`` (the routed GEMMs' None in the shared-expert entry,
+    the shared ones' without a shared expert; the shared expert's w2 never splits K). Batch-invariant plans reduce
+    along K alike in every class (:func:`~.tile_config.batch_invariant_config`). The routed and shared GEMMs of a
+    class share BLOCK_M (a class's row tiles); the shared-expert entry runs its expert in the routed GEMMs' place."""
+    H, I, S = spec.hidden, spec.intermediate, spec.shared_intermediate
+    if options.activations == "mxfp8":  # the w4a8 form: routed GEMMs only (plan_layer refuses a shared expert)
+        return w4a8_config(name, 2 * I, H, arch), w4a8_config(name, H, I, arch, gemm="combine"), None, None
+    hopper = layout.hopper_words
+    c13 = c2 = s13 = s2 = None
+    if spec.routed:
+        c13 = class_config(name, 2 * I, H, arch, hopper=hopper)
+        c2 = class_config(name, H, I, arch, gemm="combine", hopper=hopper)
+    if S:
+        s13 = class_config(name, 2 * S, H, arch, hopper=hopper)
+        s2 = dataclasses.replace(class_config(name, H, S, arch, gemm="combine", hopper=hopper), SPLIT_K=1)
     if options.batch_invariant:
-        c13, c2 = batch_invariant_config(c13, H), batch_invariant_config(c2, I)
-    return c13, c2
+        c13, c2, s13, s2 = (None if c is None else batch_invariant_config(c, K)
+                            for c, K in ((c13, H), (c2, I), (s13, H), (s2, S)))
+    return c13, c2, s13, s2
 
 
-def _slot_rows(spec: LayerSpec, c2: TileConfig, options: PlanOptions) -> bool:
+def _slot_rows(spec: LayerSpec, c2: TileConfig | None, options: PlanOptions) -> bool:
     """Whether a class combines through slot rows (``SLOT_ROWS``): in deterministic plans, where fp32 atomics
-    would add more than twice into an output element (k slots times the w2 GEMM's K splits): two adds from 0
-    give the same bits in either order."""
-    return options.deterministic and spec.top_k * c2.SPLIT_K > 2
+    would add more than twice into an output element (k slots times the w2 GEMM's K splits, and the shared expert):
+    two adds from 0 give the same bits in either order."""
+    adds = (spec.top_k * c2.SPLIT_K if c2 is not None else 0) + (1 if spec.shared_intermediate else 0)
+    return options.deterministic and adds > 2
 
 
 def fit_scale_range(plan: KernelPlan, scales: Mapping[str, Any]) -> KernelPlan:
@@ -210,6 +293,9 @@ class _Kernels:
         for name, existing in self.entries.items():
             if existing == spec:
                 return name
+        base, n = entry, 2
+        while entry in self.entries:  # the same name for another kernel (e.g. the shared expert's tiles)
+            entry, n = f"{base}.{n}", n + 1
         self.entries[entry] = spec
         return entry
 
@@ -220,23 +306,26 @@ def _parameters(spec: LayerSpec) -> dict[str, Parameter]:
     for operand, role in _ROLES:
         weight = getattr(spec, operand)
         if weight is not None:
+            if operand in ("shared_w13", "shared_w2") and not spec.mxfp4_shared:
+                role = "dense"  # in the activation dtype, read as stored
             out[weight.name] = Parameter(role, operand, tuple(weight.shape), weight.dtype)
     return out
 
 
-def _weight(name: str, weight: StoredWeight | None) -> Arg:
-    """A kernel's pointer to a weight, or a dummy fp32 pointer for an absent bias."""
-    return Arg.param(name, weight.name) if weight is not None else Arg.none(name)
+def _weight(name: str, weight: StoredWeight | None, dtype: str = "float32") -> Arg:
+    """A kernel's pointer to a weight, or a dummy pointer for an absent one."""
+    return Arg.param(name, weight.name) if weight is not None else Arg.none(name, dtype)
 
 
 def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) -> dict[str, Buffer]:
     """The scratch of one call, as far as a kernel or the output uses it (e.g. no block counts without a
-    scatter). Sizes are expressions of T and the class vars (NB row blocks, RS router splits, NC chunks, ACC
-    accumulator rows, SR / SP slot rows / fp32 partial slot rows: 0 in a class that has no use for them)."""
-    E, k, H, I = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate
+    scatter). Sizes are expressions of T and the class vars (NB / NBS row blocks of the routed / shared expert, RS
+    router splits, NC chunks, ACC accumulator rows, SR / SP slot rows / fp32 partial slot rows, SHR the shared
+    expert's rows: 0 in a class that has no use for them)."""
+    E, k, H, I, S = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, spec.shared_intermediate
     experts_pow2 = _pow2(E)
     buffers = {
-        "router_partials": Buffer("float32", ("RS", "T", max(16, experts_pow2))),
+        "router_partials": Buffer("float32", ("RS", "T", max(16, _pow2(spec.experts_routed)))),
         "routing_weights": Buffer("float32", ("T", k)),
         "expert_ids": Buffer("int32", ("T", k)),
         "sorted_pairs": Buffer("int32", (f"T * {k}",)),
@@ -263,6 +352,15 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         # deterministic combines: each (token, slot)'s expert output, [SPLIT_K, T*k, H] (fp32 partials if split)
         "slot_rows": Buffer(spec.dtype, ("SR", H)),
         "slot_partials": Buffer("float32", ("SP", H)),
+        # the shared expert: every token on its one expert (dense groups), its gate, its GLU output, its rows
+        "shared_pairs": Buffer("int32", ("T",)),
+        "shared_offsets": Buffer("int32", (2,)),
+        "shared_block_expert": Buffer("int32", ("NBS",)),
+        "shared_block_start": Buffer("int32", ("NBS",)),
+        "shared_weights": Buffer("float32", ("T",)),
+        "shared_activations": Buffer("bfloat16", ("T", max(S, 1))),
+        "shared_dense_act": Buffer(spec.dtype, ("T", max(S, 1))),
+        "shared_rows": Buffer(spec.dtype, ("SHR", H)),
         "output": Buffer(spec.dtype, ("T", H)),
     }
     used = {a.ref for entry in kernels.values() for a in entry.args if a.bind == "buffer"} | {output}
@@ -272,6 +370,15 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
 #: the grouping's result as the GEMMs (and the fused router launch) take it
 _GROUPS = (Arg.buffer("sorted_pairs_ptr", "sorted_pairs"), Arg.buffer("expert_offsets_ptr", "expert_offsets"),
            Arg.buffer("block_expert_ptr", "block_expert"), Arg.buffer("block_start_ptr", "block_start"))
+#: ... and the shared expert's (every token on its expert 0)
+_SHARED_GROUPS = (Arg.buffer("sorted_pairs_ptr", "shared_pairs"), Arg.buffer("expert_offsets_ptr", "shared_offsets"),
+                  Arg.buffer("block_expert_ptr", "shared_block_expert"),
+                  Arg.buffer("block_start_ptr", "shared_block_start"))
+
+
+def _routing_weights(spec: LayerSpec, name: str) -> Arg:
+    """Where the kernels read the routing weights: the routing's buffer, or the modular entry's input."""
+    return Arg.input(name, "topk_weights") if spec.entry == "modular" else Arg.buffer(name, "routing_weights")
 
 
 def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str:
@@ -282,49 +389,166 @@ def _cast_kernel(spec: LayerSpec, kernels: _Kernels) -> str:
 
 
 def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | None,
-                 tiles: tuple[TileConfig, TileConfig], slot_rows: bool, cast: str | None,
-                 kernels: _Kernels, arch: int = 90, activations: str = "bf16") -> ShapeClass:
+                 tiles: tuple, slot_rows: bool, cast: str | None, kernels: _Kernels, arch: int = 90,
+                 activations: str = "bf16") -> ShapeClass:
     """One token-count class: its tiles (:func:`_class_tiles`; BLOCK_M is the class's, shared by both GEMMs, which
-    read one block map), then routing, grouping, the two GEMMs and the cast (or the deterministic combine), in
-    launch order."""
+    read one block map), then routing, grouping, the shared expert's GEMMs, the routed GEMMs and the cast (or the
+    deterministic combine), in launch order."""
     E, k, H = spec.num_experts, spec.top_k, spec.hidden
-    c13, c2 = tiles
-    bm, pairs = c13.BLOCK_M, f"T * {k}"
-    grouping = [] if is_few_tokens(max_tokens) else _grouping_launches(spec, name, bm, kernels)
-    fuse_cast = cast is not None and fused_cast(max_tokens)  # gemv: the combine's last program per tile casts it
-    if activations == "mxfp8":
-        gemms = [_quantize_x(spec, arch, kernels), _glu_gemm_w4a8(spec, arch, name, c13, kernels),
-                 _combine_gemm_w4a8(spec, arch, name, c2, fuse_cast, slot_rows, kernels)]
-    else:
-        gemms = [_glu_gemm(spec, layout, name, c13, kernels),
-                 _combine_gemm(spec, layout, name, c2, fuse_cast, slot_rows, kernels)]
-    routing, splits = _router_launches(spec, name, max_tokens, bm, kernels)
-    launches = [*routing, *grouping, *gemms]
+    c13, c2, s13, s2 = tiles
+    shared = s13 is not None
+    launches, split, routed_tiles = [], 1, {}
+    fuse_cast = spec.routed and cast is not None and fused_cast(max_tokens)  # gemv: the combine's last program
+    splits = 0
+    if spec.routed:
+        bm = c13.BLOCK_M
+        routing, splits = _routing_launches(spec, name, max_tokens, bm, kernels)
+        launches += routing
+        split = c2.SPLIT_K
+        routed_tiles = {"w13": dataclasses.asdict(c13), "w2": dataclasses.asdict(c2)}
+    if shared:
+        launches += _shared_expert(spec, layout, name, s13, s2, slot_rows, kernels)
+    if spec.routed and activations == "mxfp8":
+        launches += [_quantize_x(spec, arch, kernels), _glu_gemm_w4a8(spec, arch, name, c13, kernels),
+                     _combine_gemm_w4a8(spec, arch, name, c2, fuse_cast, slot_rows, kernels)]
+    elif spec.routed:
+        launches.append(_glu_gemm(spec, layout, name, c13, kernels))
+        launches.append(_combine_gemm(spec, layout, name, c2, fuse_cast, slot_rows, kernels))
     if slot_rows and not fuse_cast:
-        launches.append(_combine_slots(spec, c2.SPLIT_K, kernels))
+        launches.append(_combine_slots(spec, split, kernels))
     elif cast is not None and not fuse_cast:
         launches.append(Launch(cast, (f"cdiv(T * {H}, {CAST_BLOCK})",)))
+    pairs = f"T * {k}"
+    acc_rows = "T + 1" if fuse_cast else "0" if slot_rows else "T"
+    tile_info = dict(routed_tiles)
+    if shared:
+        tile_info.update(shared_w13=dataclasses.asdict(s13), shared_w2=dataclasses.asdict(s2))
     # NB: an upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one partial block,
     # and at most min(E, T*k) experts are non-empty
-    split = c2.SPLIT_K
-    acc_rows = "T + 1" if fuse_cast else "0" if slot_rows else "T"
-    return ShapeClass(name, max_tokens, {"NB": f"{pairs} // {bm} + min({E}, {pairs})", "RS": splits,
-                                         "NC": f"cdiv({pairs}, {GROUP_CHUNK})", "ACC": acc_rows,
-                                         "SR": pairs if slot_rows and split == 1 else "0",
-                                         "SP": f"{split} * {pairs}" if slot_rows and split > 1 else "0"},
-                      {"w13": dataclasses.asdict(c13), "w2": dataclasses.asdict(c2)}, tuple(launches))
+    return ShapeClass(name, max_tokens, {
+        "NB": f"{pairs} // {c13.BLOCK_M} + min({E}, {pairs})" if spec.routed else "0",
+        "NBS": f"cdiv(T, {s13.BLOCK_M})" if shared else "0", "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})",
+        "ACC": acc_rows, "SR": pairs if slot_rows and split == 1 and spec.routed else "0",
+        "SP": f"{split} * {pairs}" if slot_rows and split > 1 else "0",
+        "SHR": "T" if slot_rows and shared else "0"}, tile_info, tuple(launches))
+
+
+def _routing_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
+                      kernels: _Kernels) -> tuple[list[Launch], int]:
+    """(launches, splits of H) that leave the routing weights, the (local) expert ids and their groups: the layer
+    entry's router (:func:`_router_launches`), the monolithic entry's routing of the engine's logits, the modular
+    entry's mapping of the engine's ids; grouping inside the launch for few tokens, in launches of its own for
+    many (:func:`_grouping_launches`)."""
+    few = is_few_tokens(max_tokens)
+    if spec.entry == "modular":
+        routing = [_map_ids(spec, cls, max_tokens, bm, kernels)]
+        splits = 0
+    else:
+        routing, splits = _router_launches(spec, cls, max_tokens, bm, kernels)
+    grouping = [] if few else _grouping_launches(spec, cls, bm, kernels)
+    return routing + grouping, splits
+
+
+def _map_ids(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int, kernels: _Kernels) -> Launch:
+    """The modular entry: the engine's global ids -> this layer's (or -1: ``map_ids``); for few tokens the same
+    program groups them (``map_and_group``)."""
+    k, E = spec.top_k, spec.num_experts
+    args = [Arg.input("ids_ptr", "topk_ids"), _weight("map_ptr", spec.expert_map, "int32"),
+            Arg.buffer("out_ptr", "expert_ids")]
+    consts = dict(NUM_GLOBAL=spec.experts_routed, HAS_MAP=spec.expert_map is not None)
+    if is_few_tokens(max_tokens):
+        entry = kernels.add(f"map_and_group.{cls}", "map_and_group", args + [
+            *_GROUPS, Arg.scalar("num_pairs", f"T * {k}"), Arg.scalar("num_blocks", "NB")],
+            {**consts, "NUM_EXPERTS": E, "EXPERTS_POW2": _pow2(E), "BLOCK_M": bm,
+             "CHUNK": few_token_group_chunk(max_tokens * k, _pow2(E))}, 8 if _pow2(E) >= 128 else 4, 1)
+        return Launch(entry, (1,))
+    entry = kernels.add("map_ids", "map_ids", args + [Arg.scalar("num_pairs", f"T * {k}")],
+                        {**consts, "BLOCK": MAP_BLOCK}, 4, 1)
+    return Launch(entry, (f"cdiv(T * {k}, {MAP_BLOCK})",))
+
+
+def _shared_expert(spec: LayerSpec, layout: Layout, cls: str, s13: TileConfig, s2: TileConfig, slot_rows: bool,
+                   kernels: _Kernels) -> list[Launch]:
+    """The shared expert as one more grouped expert: its gate (``shared_gate``), its groups (every token on
+    expert 0: ``dense_groups``), then the grouped GEMMs on its weights (gate rows then up rows: the concatenated
+    order), adding into the same accumulator with weight 1 or its gate (or, in slot-row classes, its own rows)."""
+    H, S = spec.hidden, spec.shared_intermediate
+    launches = []
+    if spec.shared_gate:
+        entry = kernels.add("shared_gate", "shared_gate", [
+            Arg.input("x_ptr"), Arg.param("w_ptr", spec.shared_gate_weight.name),
+            Arg.buffer("out_ptr", "shared_weights"), Arg.scalar("num_tokens", "T")],
+            dict(HIDDEN=H, BLOCK_T=16, BLOCK_H=min(256, max(16, _pow2(H))), ROUND_BF16=spec.dtype == "bfloat16"), 4, 1)
+        launches.append(Launch(entry, ("cdiv(T, 16)",)))
+    if not spec.mxfp4_shared:
+        return launches + _dense_shared(spec, cls, s13, slot_rows, kernels)
+    entry = kernels.add(f"dense_groups.{s13.BLOCK_M}", "dense_groups", [
+        *_SHARED_GROUPS, Arg.scalar("num_tokens", "T"), Arg.scalar("num_blocks", "NBS")],
+        dict(BLOCK_M=s13.BLOCK_M, BLOCK=1024), 4, 1)
+    launches.append(Launch(entry, ("cdiv(T, 1024)",)))
+    one = dataclasses.replace(spec, num_experts=1, top_k=1, intermediate=S, interleaved=False, w13_bias=None,
+                              w2_bias=None, w13=spec.shared_w13, w13_scale=spec.shared_w13_scale, w2=spec.shared_w2,
+                              w2_scale=spec.shared_w2_scale, weight_on_input=False, entry="shared")
+    launches.append(_glu_gemm(one, layout, cls, s13, kernels, groups=_SHARED_GROUPS, act="shared_activations",
+                              entry_name=f"shared_glu_gemm.{cls}"))
+    weights = Arg.buffer("routing_weights_ptr", "shared_weights") if spec.shared_gate else \
+        Arg.none("routing_weights_ptr")
+    launches.append(_combine_gemm(one, layout, cls, s2, False, False, kernels, groups=_SHARED_GROUPS,
+                                  act="shared_activations", weights=weights, unit_weights=not spec.shared_gate,
+                                  rows_to="shared_rows" if slot_rows else None, entry_name=f"shared_combine_gemm.{cls}"))
+    return launches
+
+
+#: tiles of the dense shared expert's GEMMs (``dense_glu`` / ``dense_out``): BLOCK_M the class's, at most 64
+DENSE_BLOCK_N, DENSE_BLOCK_K = 64, 64
+
+
+def _dense_shared(spec: LayerSpec, cls: str, s13: TileConfig, slot_rows: bool, kernels: _Kernels) -> list[Launch]:
+    """A shared expert in the activation dtype (bf16 weights): ``dense_glu`` (x @ w13^T, its GLU) then
+    ``dense_out`` (@ w2^T, times the gate), rounded as the reference's linear layers round, added into the
+    accumulator, or (slot-row classes) written to the shared rows the deterministic combine adds with weight 1."""
+    H, S = spec.hidden, spec.shared_intermediate
+    bm = min(64, max(16, s13.BLOCK_M))
+    common = dict(IEEE_FP32=spec.dtype == "float32", ROUND_BF16=spec.dtype == "bfloat16", BLOCK_M=bm,
+                  BLOCK_N=DENSE_BLOCK_N, BLOCK_K=DENSE_BLOCK_K)
+    glu = kernels.add(f"dense_glu.{bm}", "dense_glu", [
+        Arg.input("x_ptr"), Arg.param("w_ptr", spec.shared_w13.name), Arg.buffer("act_ptr", "shared_dense_act"),
+        Arg.scalar("num_tokens", "T")],
+        dict(HIDDEN=H, INTERMEDIATE=S, SWIGLU_OAI=spec.activation == "swiglu_oai",
+             ACTIVATION=ACTIVATIONS[spec.activation], ALPHA=spec.alpha, LIMIT=spec.limit, **common), 4, 2)
+    gate = Arg.buffer("gate_ptr", "shared_weights") if spec.shared_gate else Arg.none("gate_ptr")
+    out = kernels.add(f"dense_out.{bm}", "dense_out", [
+        Arg.buffer("a_ptr", "shared_dense_act"), Arg.param("w_ptr", spec.shared_w2.name), gate,
+        Arg.buffer("out_ptr", "shared_rows" if slot_rows else "accumulator"), Arg.scalar("num_tokens", "T")],
+        dict(HIDDEN=H, INTERMEDIATE=S, GATED=spec.shared_gate, ADD=not slot_rows, **common), 4, 2)
+    return [Launch(glu, (f"cdiv(T, {bm})", f"cdiv({S}, {DENSE_BLOCK_N})")),
+            Launch(out, (f"cdiv(T, {bm})", f"cdiv({H}, {DENSE_BLOCK_N})"))]
+
+
+def _gated_in_combine(spec: LayerSpec) -> bool:
+    """Whether the combine multiplies the shared rows by the gate (MXFP4: yes; bf16: ``dense_out`` did)."""
+    return spec.shared_gate and spec.mxfp4_shared
 
 
 def _combine_slots(spec: LayerSpec, split: int, kernels: _Kernels) -> Launch:
     """The deterministic combine of the slot rows (``combine_slots``), into the output."""
     rows = "slot_rows" if split == 1 else "slot_partials"
+    block_h = min(SLOTS_BLOCK_H, max(16, _pow2(spec.hidden)))
     entry = kernels.add(f"combine_slots.{rows}", "combine_slots", [
-        Arg.buffer("rows_ptr", rows), Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
-        Arg.buffer("out_ptr", "output"), Arg.scalar("num_tokens", "T")],
+        Arg.buffer("rows_ptr", rows), _routing_weights(spec, "weights_ptr"), Arg.buffer("ids_ptr", "expert_ids"),
+        Arg.buffer("out_ptr", "output"), Arg.scalar("num_tokens", "T"), *_shared_row_args(spec, True)],
         dict(HIDDEN=spec.hidden, TOP_K=spec.top_k, SPLIT_K=split, ROUND_ROWS=split > 1 and spec.dtype == "bfloat16",
-             UNIT_WEIGHTS=False, BLOCK_T=SLOTS_BLOCK_T, BLOCK_H=min(SLOTS_BLOCK_H, max(16, _pow2(spec.hidden)))), 4, 1)
-    return Launch(entry, (f"cdiv(T, {SLOTS_BLOCK_T})", f"cdiv({spec.hidden}, "
-                          f"{min(SLOTS_BLOCK_H, max(16, _pow2(spec.hidden)))})"))
+             UNIT_WEIGHTS=spec.weight_on_input, BLOCK_T=SLOTS_BLOCK_T, BLOCK_H=block_h,
+             SHARED=bool(spec.shared_intermediate), SHARED_GATE=_gated_in_combine(spec)), 4, 1)
+    return Launch(entry, (f"cdiv(T, {SLOTS_BLOCK_T})", f"cdiv({spec.hidden}, {block_h})"))
+
+
+def _shared_row_args(spec: LayerSpec, slot_rows: bool) -> list[Arg]:
+    """The shared expert's rows and gate as the deterministic combine reads them (dummies where it does not)."""
+    if slot_rows and spec.shared_intermediate:
+        gate = Arg.buffer("shared_w_ptr", "shared_weights") if _gated_in_combine(spec) else Arg.none("shared_w_ptr")
+        return [Arg.buffer("shared_rows_ptr", "shared_rows"), gate]
+    return [Arg.none("shared_rows_ptr", spec.dtype), Arg.none("shared_w_ptr")]
 
 
 def _router_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
@@ -334,7 +558,8 @@ def _router_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
     program and groups all pairs in the last block routed (:func:`_few_token_router`); a few hundred tokens
     write the same split sums to memory and route them in a second launch (:func:`_split_router`); many tokens
     route in one launch whose programs walk all of H (:func:`_router_route`); both group in launches of their own
-    (:func:`_grouping_launches`). All compute a token's logits alike (the routing contract)."""
+    (:func:`_grouping_launches`). All compute a token's logits alike (the routing contract). The monolithic
+    entry routes the engine's logits with the same launches, without their router."""
     if is_few_tokens(max_tokens):
         return _few_token_router(spec, cls, max_tokens, bm, kernels)
     if max_tokens is not None and max_tokens <= SPLIT_ROUTER_MAX_TOKENS:
@@ -348,18 +573,25 @@ def _split_router(spec: LayerSpec, cls: str, kernels: _Kernels) -> tuple[list[La
     in slice order, top-k): the few-token router's computation without its in-launch routing and grouping, so a
     token's logits are the same bits as in every other class (docs/routing.md)."""
     H, block_t = spec.hidden, FEW_TOKEN_ROUTER_BLOCK
+    logits_in = spec.entry == "monolithic"  # the engine's logits: no router GEMM
     h_per_split = min(H, FEW_TOKEN_ROUTER_H)
-    splits = -(-H // h_per_split)
-    router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
-    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
-    gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec), router_consts, warps, 2)
-    route_consts = _route_constexprs(spec, splits)
+    splits = 1 if logits_in else -(-H // h_per_split)
+    launches = []
+    if not logits_in:
+        router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
+        warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
+        gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec), router_consts, warps, 2)
+        launches.append(Launch(gemm, (f"cdiv(T, {block_t})", "RS")))
+    route_consts = {**_route_constexprs(spec, splits), **_routing_extras(spec)}
+    if spec.expert_map is not None or logits_in:
+        route_consts.update(HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
     route = kernels.add(f"route_partials.{cls}", "route_partials", [
-        Arg.buffer("partial_ptr", "router_partials"), _weight("b_ptr", spec.router_bias),
-        Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
-        Arg.scalar("num_tokens", "T")], route_consts, 4, 1)
-    return [Launch(gemm, (f"cdiv(T, {block_t})", "RS")),
-            Launch(route, (f"cdiv(T, {route_consts['BLOCK_T']})",))], splits
+        Arg.input("partial_ptr", "router_logits") if logits_in else Arg.buffer("partial_ptr", "router_partials"),
+        _weight("b_ptr", spec.router_bias), Arg.buffer("weights_ptr", "routing_weights"),
+        Arg.buffer("ids_ptr", "expert_ids"), Arg.scalar("num_tokens", "T"),
+        _weight("map_ptr", spec.expert_map, "int32"), _weight("sb_ptr", spec.score_bias)], route_consts, 4, 1)
+    launches.append(Launch(route, (f"cdiv(T, {route_consts['BLOCK_T']})",)))
+    return launches, 0 if logits_in else splits
 
 
 def router_sub_blocks(experts_pow2: int) -> int:
@@ -381,13 +613,22 @@ def _router_route(spec: LayerSpec, cls: str, kernels: _Kernels) -> Launch:
                                             "BLOCK_H")}
     consts.update(ROUTER_BLOCK_T=block_t, SUB_BLOCKS=sub,
                   **{k: route_consts[k] for k in ("TOP_K", "SLOTS_POW2", "HAS_BIAS", "ROUND_LOGITS_BF16",
-                                                  "SOFTMAX_OVER_ALL")}, HAS_MAP=False)
+                                                  "SOFTMAX_OVER_ALL")}, HAS_MAP=spec.expert_map is not None,
+                  **_routing_extras(spec))
+    logits_in = spec.entry == "monolithic"
+    if logits_in:
+        consts["LOGITS_IN"] = True
     warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
     entry = kernels.add(f"router_route.{cls}", "router_route", [
-        Arg.input("x_ptr"), Arg.param("w_ptr", spec.router_weight.name), _weight("b_ptr", spec.router_bias),
-        Arg.buffer("weights_ptr", "routing_weights"), Arg.buffer("ids_ptr", "expert_ids"),
-        Arg.none("map_ptr", "int32"), Arg.scalar("num_tokens", "T")], consts, warps, 2)
+        Arg.input("x_ptr", "router_logits") if logits_in else Arg.input("x_ptr"), _router_weight_arg(spec),
+        _weight("b_ptr", spec.router_bias), Arg.buffer("weights_ptr", "routing_weights"),
+        Arg.buffer("ids_ptr", "expert_ids"), _weight("map_ptr", spec.expert_map, "int32"),
+        Arg.scalar("num_tokens", "T"), _weight("sb_ptr", spec.score_bias)], consts, warps, 2)
     return Launch(entry, (f"cdiv(T, {block_t * sub})",))
+
+
+def _router_weight_arg(spec: LayerSpec) -> Arg:
+    return _weight("w_ptr", spec.router_weight, spec.dtype)
 
 
 def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
@@ -395,55 +636,82 @@ def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
     """Router, routing and grouping of 1-64 tokens in one launch (``router_route_group``, or with 128+ experts
     in the decode class ``router_route_scatter``: :func:`few_token_scatter`). Each program loads its
     FEW_TOKEN_ROUTER_H-wide slice of H in one step; 8 warps for 128+ experts (the routing program's [16, 128]
-    top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100."""
+    top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100. The monolithic entry:
+    one program per token block routes the engine's logits (LOGITS_IN), no router."""
     H, k, block_t = spec.hidden, spec.top_k, FEW_TOKEN_ROUTER_BLOCK
+    logits_in = spec.entry == "monolithic"
     h_per_split = min(H, FEW_TOKEN_ROUTER_H)
-    splits = -(-H // h_per_split)
-    experts_pow2 = _pow2(spec.num_experts)
+    splits = 1 if logits_in else -(-H // h_per_split)
+    experts_pow2 = _pow2(spec.num_experts)  # the layer's own experts, which the grouping counts
     router_consts = _router_constexprs(spec, block_t, h_per_split, max(16, _pow2(h_per_split)))
-    args = _router_args(spec) + [
+    args = ([Arg.none("x_ptr", spec.dtype), Arg.none("w_ptr", spec.dtype),
+             Arg.input("partial_ptr", "router_logits"), Arg.scalar("num_tokens", "T")] if logits_in
+            else _router_args(spec)) + [
         _weight("b_ptr", spec.router_bias), Arg.buffer("weights_ptr", "routing_weights"),
         Arg.buffer("ids_ptr", "expert_ids"), *_GROUPS, Arg.scalar("num_blocks", "NB"),
         Arg.buffer("counter_ptr", "route_counter")]
     consts = {**router_consts, **_route_constexprs(spec, splits), "ROUTER_BLOCK_T": block_t,
               "BLOCK_T": min(_pow2(max_tokens), block_t), "GROUP_EXPERTS_POW2": experts_pow2, "BLOCK_M": bm}
+    extra = _routing_extras(spec)
+    more = [_weight("map_ptr", spec.expert_map, "int32"), _weight("sb_ptr", spec.score_bias)]
+    if spec.num_experts != spec.experts_routed or spec.expert_map is not None or logits_in:
+        extra.update(GROUP_EXPERTS=spec.num_experts, HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
     warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
     if few_token_scatter(max_tokens, experts_pow2):
         fused = kernels.add(f"router_route_scatter.{cls}", "router_route_scatter", args + [
-            Arg.buffer("block_counts_ptr", "block_pair_counts"), Arg.buffer("ranks_ptr", "pair_ranks")],
+            Arg.buffer("block_counts_ptr", "block_pair_counts"), Arg.buffer("ranks_ptr", "pair_ranks")] + more,
             {**consts, "TOKEN_BLOCKS_POW2": _pow2(-(-max_tokens // block_t)),
-             "LANES": min(1024, _pow2(max_tokens * k))}, warps, 2)
+             "LANES": min(1024, _pow2(max_tokens * k)), **extra}, warps, 2)
     else:
-        fused = kernels.add(f"router_route_group.{cls}", "router_route_group", args,
-                            {**consts, "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2)}, warps, 2)
-    return [Launch(fused, (f"cdiv(T, {block_t})", "RS"))], splits
+        fused = kernels.add(f"router_route_group.{cls}", "router_route_group", args + more,
+                            {**consts, "CHUNK": few_token_group_chunk(max_tokens * k, experts_pow2), **extra}, warps, 2)
+    return [Launch(fused, (f"cdiv(T, {block_t})", "RS" if not logits_in else 1))], 0 if logits_in else splits
 
 
 def _router_args(spec: LayerSpec) -> list[Arg]:
-    return [Arg.input("x_ptr"), Arg.param("w_ptr", spec.router_weight.name),
-            Arg.buffer("partial_ptr", "router_partials"), Arg.scalar("num_tokens", "T")]
+    return [Arg.input("x_ptr"), _router_weight_arg(spec), Arg.buffer("partial_ptr", "router_partials"),
+            Arg.scalar("num_tokens", "T")]
 
 
 def _router_constexprs(spec: LayerSpec, block_t: int, h_per_split: int, block_h: int) -> dict[str, Any]:
     """The router GEMM's constants: fp32 partial sums of BLOCK_T tokens over H_PER_SPLIT of H, in BLOCK_H steps
-    (a tl.dot needs N >= 16 experts)."""
-    return dict(HIDDEN=spec.hidden, NUM_EXPERTS=spec.num_experts, EXPERTS_POW2=max(16, _pow2(spec.num_experts)),
-                H_PER_SPLIT=h_per_split, IEEE_FP32=spec.dtype == "float32", BLOCK_T=block_t, BLOCK_H=block_h)
+    (a tl.dot needs N >= 16 experts), over the experts routed (all of them, under expert parallelism)."""
+    E = spec.experts_routed
+    return dict(HIDDEN=spec.hidden, NUM_EXPERTS=E, EXPERTS_POW2=max(16, _pow2(E)),
+                H_PER_SPLIT=h_per_split, IEEE_FP32=spec.dtype == "float32" or spec.router_fp32, BLOCK_T=block_t,
+                BLOCK_H=block_h)
 
 
 def _route_constexprs(spec: LayerSpec, splits: int) -> dict[str, Any]:
     """The routing's constants: top-k + softmax of the summed partials, logits rounded to bf16 for bf16 layers
-    (as the layer's F.linear rounds them), at most 4096 logits per program."""
-    experts_pow2 = max(16, _pow2(spec.num_experts))
-    return dict(NUM_EXPERTS=spec.num_experts, TOP_K=spec.top_k, EXPERTS_POW2=experts_pow2,
+    (the contract: docs/routing.md), at most 4096 logits per program."""
+    experts_pow2 = max(16, _pow2(spec.experts_routed))
+    return dict(NUM_EXPERTS=spec.experts_routed, TOP_K=spec.top_k, EXPERTS_POW2=experts_pow2,
                 SLOTS_POW2=_pow2(spec.top_k), SPLITS=splits, HAS_BIAS=spec.router_bias is not None,
-                ROUND_LOGITS_BF16=spec.dtype == "bfloat16", BLOCK_T=max(1, min(64, 4096 // experts_pow2)),
+                ROUND_LOGITS_BF16=spec.dtype == "bfloat16" and not spec.router_fp32,
+                BLOCK_T=max(1, min(64, 4096 // experts_pow2)),
                 SOFTMAX_OVER_ALL=spec.routing == "softmax_topk" and not spec.renormalize)
+
+
+def _routing_extras(spec: LayerSpec) -> dict[str, Any]:
+    """The routing kernels' constants for the sigmoid routers, expert groups, a correction bias and scaling (the
+    defaults, left out, are the softmax routings: plans of those layers stay as they were)."""
+    extras: dict[str, Any] = {}
+    if ROUTINGS[spec.routing]:
+        extras.update(SIGMOID=ROUTINGS[spec.routing], RENORMALIZE=spec.renormalize)
+    if spec.score_bias is not None:
+        extras["HAS_SCORE_BIAS"] = True
+    if spec.n_group > 1 and spec.topk_group < spec.n_group:
+        extras.update(N_GROUP=spec.n_group, TOPK_GROUP=spec.topk_group, GROUPS_POW2=_pow2(spec.n_group))
+    if spec.scaling != 1.0:
+        extras["SCALING"] = float(spec.scaling)
+    return extras
 
 
 def _grouping_launches(spec: LayerSpec, cls: str, bm: int, kernels: _Kernels) -> list[Launch]:
     """Many pairs: per-chunk histograms, one scan, a parallel scatter; the same stable order and block map as
-    the one-program sort (at 16384 tokens of gpt-oss-20b 965 us -> ~20 us each on the H100)."""
+    the one-program sort (at 16384 tokens of gpt-oss-20b 965 us -> ~20 us each on the H100). Pairs whose id is
+    -1 (not this layer's expert) are in no group."""
     E, pairs = spec.num_experts, f"T * {spec.top_k}"
     experts_pow2 = _pow2(E)
     sub = max(16, min(256, 8192 // experts_pow2))
@@ -461,50 +729,66 @@ def _grouping_launches(spec: LayerSpec, cls: str, bm: int, kernels: _Kernels) ->
     return [Launch(hist, ("NC",)), Launch(scan, (1,)), Launch(scatter, ("NC",))]
 
 
-def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernels: _Kernels) -> Launch:
-    """The w13 GEMM: x rows gathered by token, bias and GLU in the epilogue, [T*k, I] bf16 out in expert-sorted
-    order; weights decoded in registers (Hopper words) or fed to tl.dot_scaled (row-major). K_CONTIGUOUS is
-    always True (format-/1 plans name it; the N-contiguous path is gone); WIDE_SCALES starts True
-    (:func:`fit_scale_range` may lower it)."""
+def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernels: _Kernels, *, groups=_GROUPS,
+              act: str = "activations", entry_name: str | None = None) -> Launch:
+    """The w13 GEMM: x rows gathered by token (times their routing weight: router weight on input), bias and GLU
+    in the epilogue, [T*k, I] bf16 out in expert-sorted order; weights decoded in registers (Hopper words) or fed
+    to tl.dot_scaled (row-major). K_CONTIGUOUS is always True (format-/1 plans name it; the N-contiguous path is
+    gone); WIDE_SCALES starts True (:func:`fit_scale_range` may lower it)."""
     consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
                   HAS_BIAS=spec.w13_bias is not None, INTERLEAVED=spec.interleaved,
                   SWIGLU_OAI=spec.activation == "swiglu_oai", ALPHA=spec.alpha, LIMIT=spec.limit, K_CONTIGUOUS=True,
                   BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                   W_TMA=use_tma(cfg, spec.interleaved, layout.tiles), NUM_EXPERTS=spec.num_experts,
                   GROUP_M=cfg.GROUP_M, W_HOPPER=layout.hopper_words, WIDE_SCALES=True, W_TILES=layout.tiles)
-    entry = kernels.add(f"glu_gemm.{cls}", "glu_gemm", [
-        Arg.input("x_ptr"), Arg.param("w_ptr", spec.w13.name), Arg.param("s_ptr", spec.w13_scale.name),
-        _weight("bias_ptr", spec.w13_bias), Arg.buffer("act_ptr", "activations"), *_GROUPS],
-        consts, cfg.num_warps, cfg.num_stages)
-    return Launch(entry, ("NB", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
+    args = [Arg.input("x_ptr"), Arg.param("w_ptr", spec.w13.name), Arg.param("s_ptr", spec.w13_scale.name),
+            _weight("bias_ptr", spec.w13_bias), Arg.buffer("act_ptr", act), *groups]
+    if spec.weight_on_input:
+        consts["SCALE_ROWS"] = True
+        args.append(_routing_weights(spec, "row_weights_ptr"))
+    else:
+        args.append(Arg.none("row_weights_ptr"))
+    if ACTIVATIONS[spec.activation]:
+        consts["ACTIVATION"] = ACTIVATIONS[spec.activation]
+    entry = kernels.add(entry_name or f"glu_gemm.{cls}", "glu_gemm", args, consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB" if groups is _GROUPS else "NBS", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
 
 
 def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fuse_cast: bool, slot_rows: bool,
-                  kernels: _Kernels) -> Launch:
+                  kernels: _Kernels, *, groups=_GROUPS, act: str = "activations", weights: Arg | None = None,
+                  unit_weights: bool | None = None, rows_to: str | None = None,
+                  entry_name: str | None = None) -> Launch:
     """The w2 GEMM: bias, routing weight and the combine back to token order by fp32 atomics into the zeroed
-    accumulator (``slot_rows``: each pair's output written as a row instead, for the deterministic combine); with
-    ``fuse_cast`` its last program per column tile also writes the tile in the output dtype; SPLIT_K programs per
-    tile split I (the Hopper gemv tile)."""
+    accumulator (``slot_rows``: each pair's output written as a row instead, for the deterministic combine; the
+    shared expert writes its rows to ``rows_to``); with ``fuse_cast`` its last program per column tile also writes
+    the tile in the output dtype (and adds the slot rows up); SPLIT_K programs per tile split I (the Hopper gemv
+    tile)."""
     split = cfg.SPLIT_K
+    unit = spec.weight_on_input if unit_weights is None else unit_weights
     consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
                   HAS_BIAS=spec.w2_bias is not None, K_CONTIGUOUS=True,
                   BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                   W_TMA=use_tma(cfg, tiled=layout.tiles), NUM_EXPERTS=spec.num_experts, GROUP_M=cfg.GROUP_M,
                   W_HOPPER=layout.hopper_words, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=layout.tiles,
-                  SPLIT_K=split, SLOT_ROWS=slot_rows, ROUND_ROWS=slot_rows and split > 1 and spec.dtype == "bfloat16",
-                  UNIT_WEIGHTS=False)
+                  SPLIT_K=split, SLOT_ROWS=slot_rows or rows_to is not None,
+                  ROUND_ROWS=slot_rows and split > 1 and spec.dtype == "bfloat16", UNIT_WEIGHTS=unit)
+    shared_rows = slot_rows and bool(spec.shared_intermediate) and fuse_cast
+    if shared_rows:
+        consts.update(SHARED=True, SHARED_GATE=_gated_in_combine(spec))
     cast_to = Arg.buffer("cast_ptr", "output") if fuse_cast else Arg.none("cast_ptr")
-    if slot_rows:
+    if rows_to is not None:
+        rows, ids = Arg.buffer("rows_ptr", rows_to), Arg.none("ids_ptr", "int32")
+    elif slot_rows:
         rows = Arg.buffer("rows_ptr", "slot_rows" if split == 1 else "slot_partials")
         ids = Arg.buffer("ids_ptr", "expert_ids")
     else:
         rows, ids = Arg.none("rows_ptr"), Arg.none("ids_ptr", "int32")
-    entry = kernels.add(f"combine_gemm.{cls}", "combine_gemm", [
-        Arg.buffer("act_ptr", "activations"), Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name),
-        _weight("bias_ptr", spec.w2_bias), Arg.buffer("routing_weights_ptr", "routing_weights"),
-        Arg.buffer("out_ptr", "accumulator"), *_GROUPS, cast_to, Arg.scalar("num_tokens", "T"), rows, ids],
-        consts, cfg.num_warps, cfg.num_stages)
-    return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", split))
+    entry = kernels.add(entry_name or f"combine_gemm.{cls}", "combine_gemm", [
+        Arg.buffer("act_ptr", act), Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name),
+        _weight("bias_ptr", spec.w2_bias), weights or _routing_weights(spec, "routing_weights_ptr"),
+        Arg.buffer("out_ptr", "accumulator"), *groups, cast_to, Arg.scalar("num_tokens", "T"), rows, ids,
+        *_shared_row_args(spec, shared_rows)], consts, cfg.num_warps, cfg.num_stages)
+    return Launch(entry, ("NB" if groups is _GROUPS else "NBS", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", split))
 
 
 # ------------------------------------------------------------------------------------ the w4a8 form
@@ -557,7 +841,7 @@ def _combine_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, fu
     entry = kernels.add(f"combine_gemm_w4a8.{cls}", "combine_gemm_w4a8", [
         Arg.buffer("actq_ptr", "activations_q"), Arg.buffer("acts_ptr", "activations_scales"),
         Arg.param("w_ptr", spec.w2.name), Arg.param("s_ptr", spec.w2_scale.name), _weight("bias_ptr", spec.w2_bias),
-        Arg.buffer("routing_weights_ptr", "routing_weights"), Arg.buffer("out_ptr", "accumulator"), *_GROUPS,
+        _routing_weights(spec, "routing_weights_ptr"), Arg.buffer("out_ptr", "accumulator"), *_GROUPS,
         cast_to, Arg.scalar("num_tokens", "T"), rows, ids], consts, cfg.num_warps, cfg.num_stages)
     return Launch(entry, ("NB", f"cdiv({spec.hidden}, {cfg.BLOCK_N})", 1))
 

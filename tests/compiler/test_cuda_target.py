@@ -346,3 +346,170 @@ def test_router_chunks_are_summed_outside_the_mma():
         assert len(set(accs)) == 1 and not accs[0].startswith("%arg"), (name, accs)
         init = re.search(rf"{re.escape(accs[0])} = (\S+)", ttgir).group(1)
         assert init in ("arith.addf", "tt.splat"), (name, init)  # the runtime zero: not a constant, not a loop value
+
+
+# ------------------------------------------------------------------ the fused-MoE interface (issue #23)
+
+def test_entries_plans_and_artifact(tmp_path):
+    """One module, one plan per entry over one weight set: the layer entry's router, the monolithic entry routing
+    the engine's logits (no router), the modular entry mapping the engine's ids (map_and_group for few tokens,
+    map_ids + the chunked grouping for many), the shared expert's launches (gate, dense groups, its GEMMs) and
+    router weight on input (the w13 GEMM scales its rows, the combine's weights are 1); the artifact keeps every
+    entry and runs each after a load (interpreted here)."""
+    from mxmoe.runtime import load
+    from mxmoe.runtime.artifact import Artifact
+
+    cfg = _cfg(E=8, k=1, global_num_experts=12, apply_router_weight_on_input=True, shared_intermediate=64,
+               shared_gate=True)
+    layer = MoE.random(cfg, seed=5)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries="all")
+    plans = cm.code.plans
+    assert list(plans) == ["layer", "monolithic", "modular"] and cm.kernel_plan is plans["layer"]
+
+    def kernels(plan, cls):
+        c = next(c for c in plan["classes"] if c["name"] == cls)
+        return [plan["kernels"][lc["kernel"]]["kernel"] for lc in c["launches"]]
+
+    shared = ["shared_gate", "dense_groups", "glu_gemm", "combine_gemm"]
+    assert kernels(plans["layer"], "gemv") == ["router_route_group"] + shared + ["glu_gemm", "combine_gemm"]
+    assert kernels(plans["monolithic"], "large") == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter",
+                                                     *shared, "glu_gemm", "combine_gemm", "cast"]
+    assert kernels(plans["modular"], "decode")[0] == "map_and_group"
+    assert kernels(plans["modular"], "mid")[:2] == ["map_ids", "chunk_histogram"]
+    assert [i["name"] for i in plans["modular"]["extra_inputs"]] == ["topk_weights", "topk_ids"]
+    assert plans["monolithic"]["layer"]["entry"] == "monolithic" and plans["layer"]["layer"]["global_experts"] == 12
+    glu = next(k for k in plans["layer"]["kernels"].values() if k["kernel"] == "glu_gemm"
+               and k["constexprs"]["NUM_EXPERTS"] == 8)
+    assert glu["constexprs"]["SCALE_ROWS"] is True
+    assert set(plans["layer"]["parameters"]) >= {"expert_map", "shared_w13", "shared_gate_weight"}
+
+    cm.save(tmp_path / "m.mxmoe")
+    assert "3 entries" in Artifact(tmp_path / "m.mxmoe").code().describe()
+    mod = load(tmp_path / "m.mxmoe", device="interpret")
+    x = _x(6, 64, seed=1)
+    logits = _x(6, 12, seed=2)
+    w = torch.rand(6, 1, generator=torch.Generator().manual_seed(3)) + 0.1
+    ids = torch.tensor([[0], [3], [11], [12], [-1], [7]], dtype=torch.int32)  # 12 and -1: nowhere; some remote
+    for name, args, ref in (("layer", (x,), layer(x)), ("monolithic", (x, logits), layer.monolithic(x, logits)),
+                            ("modular", (x, w, ids), layer.modular(x, w, ids))):
+        out = mod.entry(name)(*args)
+        assert torch.equal(out, cm.entry(name)(*args)), name
+        _check(out, ref)
+
+
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_bf16_shared_expert_runs_dense(gate, deterministic):
+    """A shared expert held in bf16 (shared_format="bf16"): dense_glu + dense_out beside the routed experts, added
+    into the accumulator (two adds) or written as rows for the deterministic combine (top-2 + shared: three adds);
+    the "shared" entry alone is the reference's bits (the same roundings, sums of 64-wide tiles in order)."""
+    layer = MoE.random(_cfg(shared_intermediate=96, shared_format="bf16", shared_gate=gate, activation="silu",
+                            interleaved=False), seed=4)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries=["layer", "modular", "shared"],
+                       deterministic=deterministic)
+    plans = cm.code.plans
+    kinds = {k["kernel"] for k in plans["layer"]["kernels"].values()}
+    assert {"dense_glu", "dense_out"} <= kinds and "dense_groups" not in kinds
+    assert plans["layer"]["parameters"]["shared_w13"]["role"] == "dense"
+    for T in (1, 9, 40):
+        x = _x(T, 64, seed=T)
+        _check(cm(x), layer(x))
+        assert torch.equal(cm.entry("shared")(x), layer._shared_expert(x))
+        w = torch.rand(T, 2, generator=torch.Generator().manual_seed(T)) + 0.1
+        ids = torch.full((T, 2), 8, dtype=torch.int32)  # the sentinel: the shared expert alone
+        ids[::3, 0] = 2
+        _check(cm.entry("modular")(x, w, ids), layer.modular(x, w, ids))
+
+
+# -------------------------------------------- the families' routers and activations (issue #24, item 3)
+
+FAMILY_CASES = {
+    # DeepSeek-V3's router: fp32 logits, sigmoid scores + correction bias, 4 groups of 4 keep 2, renormalised, x2.5
+    "sigmoid_topk-groups-fp32": dict(E=16, k=3, routing="sigmoid_topk", n_group=4, topk_group=2, score_bias=True,
+                                     renormalize=True, routed_scaling_factor=2.5, router_fp32=True,
+                                     router_bias=False, activation="silu", interleaved=False),
+    # Llama-4: top-1 by logit, its sigmoid scaling the input; gelu
+    "topk_sigmoid-on-input-gelu": dict(k=1, routing="topk_sigmoid", apply_router_weight_on_input=True,
+                                       activation="gelu", interleaved=False),
+    "sigmoid_topk-gelu_tanh": dict(E=12, k=3, routing="sigmoid_topk", activation="gelu_tanh", interleaved=False,
+                                   bias=False),
+    "softmax_topk-silu_clamped-scaled": dict(k=2, routing="softmax_topk", renormalize=True, activation="silu_clamped",
+                                             swiglu_limit=1.0, routed_scaling_factor=0.5),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_CASES))
+def family_module(request):
+    layer = MoE.random(_cfg(**FAMILY_CASES[request.param]), seed=3)
+    return layer, mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries="all")
+
+
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_family_routers_and_activations_in_every_entry(family_module, T):
+    """The layer entry (its router), the monolithic entry (the engine's logits: fp32 for an fp32 router) and the
+    modular entry (with ids outside the layer) of layers with the families' routers and GLUs, against the
+    reference; the layer's routing weights are the reference's too (scaling and renormalisation included)."""
+    layer, cm = family_module
+    cfg = layer.config
+    x = _x(T, cfg.hidden, seed=T)
+    _check(cm(x), layer(x))
+    gen = torch.Generator().manual_seed(100 + T)
+    logits = torch.randn(T, cfg.experts_routed, generator=gen).to(torch.float32 if cfg.router_fp32 else x.dtype)
+    _check(cm.entry("monolithic")(x, logits), layer.monolithic(x, logits))
+    w = torch.rand(T, cfg.top_k, generator=gen) + 0.1
+    ids = torch.randint(-1, cfg.experts_routed + 1, (T, cfg.top_k), generator=gen, dtype=torch.int32)
+    ids[0] = torch.arange(cfg.top_k)  # at least one routed pair
+    _check(cm.entry("modular")(x, w, ids), layer.modular(x, w, ids))
+
+
+def test_family_plans_carry_the_routing_constants(family_module):
+    layer, cm = family_module
+    cfg = layer.config
+    plan = cm.code.plans["layer"]
+    routers = [k for k in plan["kernels"].values() if k["kernel"] in ("router_route_group", "router_route",
+                                                                       "route_partials")]
+    assert routers
+    for k in routers:
+        c = k["constexprs"]
+        assert c.get("SIGMOID", 0) == {"sigmoid_topk": 2, "topk_sigmoid": 1}.get(cfg.routing, 0)
+        assert c.get("SCALING", 1.0) == cfg.routed_scaling_factor
+        assert c.get("N_GROUP", 1) == (cfg.n_group if cfg.topk_group < cfg.n_group else 1)
+        assert c.get("HAS_SCORE_BIAS", False) == cfg.score_bias
+        assert c["ROUND_LOGITS_BF16"] == (not cfg.router_fp32)
+    assert plan["layer"]["router_fp32"] == cfg.router_fp32
+    mono = cm.code.plans["monolithic"]
+    assert mono["extra_inputs"][0]["dtype"] == ("float32" if cfg.router_fp32 else "bfloat16")
+    glu = [k for k in plan["kernels"].values() if k["kernel"] == "glu_gemm"]
+    assert {k["constexprs"].get("ACTIVATION", 0) for k in glu} == {
+        {"gelu": 1, "gelu_tanh": 2, "silu_clamped": 3}.get(cfg.activation, 0)}
+
+
+def test_family_kernels_build_cubins_for_sm90():
+    """The AOT path (``triton.compile`` for GPUTarget("cuda", 90, 32)) builds every kernel of every entry's plan
+    with the new constants: an fp32 sigmoid router with groups and a correction bias, gelu_tanh, a gated shared
+    expert, an expert map."""
+    cfg = _cfg(**{**FAMILY_CASES["sigmoid_topk-groups-fp32"], "activation": "gelu_tanh"}, shared_intermediate=64,
+               shared_gate=True, global_num_experts=20)
+    cm = mxmoe.compile(MoE.random(cfg, seed=0), target="cuda:sm_90", entries="all")
+    for entry, plan in cm.code.plans.items():
+        binaries = cm.code.binaries if entry == cm.code.entry_name else cm.code.more[entry][1]
+        assert set(binaries) == set(plan["kernels"]) == set(plan["cubins"]), entry
+        assert all(blob[:4] == b"\x7fELF" for blob in binaries.values()), entry
+
+
+@pytest.mark.parametrize("T", [100, 1100])
+def test_monolithic_with_an_expert_map_in_the_many_token_routers(T):
+    """The engine's logits through the split router (100 tokens: route_partials) and router_route (1100), routed
+    over 12 global experts and mapped to the 8 local ones (another rank's pairs grouped nowhere), with a sigmoid
+    router: the plans' launches and the output against the reference."""
+    layer = MoE.random(_cfg(global_num_experts=12, routing="sigmoid_topk", renormalize=True,
+                            routed_scaling_factor=1.5, activation="silu", interleaved=False), seed=6)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries=["monolithic"])
+    plan = cm.kernel_plan
+    cls = next(c for c in plan["classes"] if c["max_tokens"] is None or T <= c["max_tokens"])
+    kinds = [plan["kernels"][lc["kernel"]]["kernel"] for lc in cls["launches"]]
+    assert kinds[0] == ("route_partials" if T == 100 else "router_route") and "router_gemm" not in kinds
+    assert plan["kernels"][cls["launches"][0]["kernel"]]["constexprs"]["HAS_MAP"] is True
+    x = _x(T, 64, seed=T)
+    logits = _x(T, 12, seed=T + 1)
+    _check(cm(x, logits), layer.monolithic(x, logits))

@@ -10,6 +10,7 @@ through ``tl.dot_scaled``.
 """
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -87,7 +88,8 @@ def reference_groups(ids, num_experts, block_m, num_blocks):
     """What the grouping kernels must produce for ids [T, k]: pairs stably sorted by expert, each expert's
     first sorted row, and the block map (each expert's rows in BLOCK_M blocks, then -1 blocks)."""
     flat = ids.flatten().long()
-    counts = torch.bincount(flat, minlength=num_experts)
+    here = flat >= 0  # -1: not this layer's expert, in no group
+    counts = torch.bincount(flat[here], minlength=num_experts)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     block_expert, block_start = [], []
     for e in range(num_experts):
@@ -97,7 +99,8 @@ def reference_groups(ids, num_experts, block_m, num_blocks):
     for b in range(len(block_expert), num_blocks):
         block_expert.append(-1)
         block_start.append(b * block_m)
-    return {"sorted_pairs": torch.argsort(flat, stable=True), "expert_offsets": offsets,
+    order = torch.argsort(torch.where(here, flat, num_experts), stable=True)[:int(here.sum())]
+    return {"sorted_pairs": order, "expert_offsets": offsets,
             "block_expert": torch.tensor(block_expert), "block_start": torch.tensor(block_start)}
 
 
@@ -372,18 +375,22 @@ def assert_groups(bufs, ids, ex, num_tokens):
     block_m = ex.kernel_plan.shape_class(num_tokens).tiles["w13"]["BLOCK_M"]
     ref = reference_groups(ids, ex.kernel_plan.layer.num_experts, block_m, bufs["block_expert"].numel())
     for name, want in ref.items():
-        assert torch.equal(bufs[name].cpu().long(), want), name
+        got = bufs[name].cpu().long()
+        assert torch.equal(got[:want.numel()], want), name  # sorted_pairs: rows past the local pairs are unused
 
 
 @pytest.mark.parametrize("case,T,E,k", [("random", 100, 8, 2), ("empty_experts", 300, 8, 2),
                                         ("empty_experts", 1300, 6, 2), ("one_expert", 1300, 6, 2),
-                                        ("random", 90, 8, 3)])
+                                        ("random", 90, 8, 3), ("remote", 1300, 8, 3), ("remote", 90, 8, 3)])
 def test_parallel_grouping_matches_reference(case, T, E, k):
     """The chunked histogram / scan / scatter launches of the many-token classes (sparse at 100 tokens, mid at
-    90 (top_k 3) and 300, prefill over three 1024-pair chunks at 1300) on given expert ids."""
+    90 (top_k 3) and 300, prefill over three 1024-pair chunks at 1300) on given expert ids; "remote": a third of
+    the ids -1 (another rank's experts under expert parallelism), which no group holds."""
     gen = torch.Generator().manual_seed(7)
-    if case == "random":
+    if case in ("random", "remote"):
         ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+        if case == "remote":
+            ids[torch.rand(T, k, generator=gen) < 1 / 3] = -1
     elif case == "empty_experts":
         ids = torch.randint(0, 3, (T, k), generator=gen) * 2  # experts 1, 3, 5 get no pairs
     else:
@@ -431,6 +438,139 @@ def test_few_token_router_launch_routes_and_groups(T, E, k, case):
     assert_groups(bufs, ids, ex, T)
 
 
+@pytest.mark.parametrize("T,E_local", [(3, 16), (40, 16), (3, 128), (40, 128), (70, 128)])
+def test_expert_parallel_routing_maps_and_groups_local_pairs(T, E_local):
+    """Expert parallelism in the router launches: routing over 160 global experts, ids stored through the expert
+    map (-1 for another rank's), and only the local pairs grouped: the few-token sort (gemv), the grouping from
+    block counts (decode with 128 local experts), the chunked grouping (70 tokens)."""
+    E_global, k, H = 160, 4, 256
+    spec = dataclasses.replace(layer_spec(E_local, k, H, 32, dtype=torch.float32, bias=False),
+                               global_experts=E_global, expert_map=StoredWeight("expert_map", (E_global,), "int32"),
+                               router_weight=StoredWeight("router_weight", (E_global, H), "float32"),
+                               router_bias=StoredWeight("router_bias", (E_global,), "float32"))
+    gen = torch.Generator().manual_seed(T + E_local)
+    weights = random_weights(layer_spec(E_local, k, H, 32, dtype=torch.float32, bias=False))
+    x = torch.randint(-3, 4, (T, H), generator=gen).float()
+    weights["router_weight"] = torch.randint(-3, 4, (E_global, H), generator=gen).float()
+    weights["router_bias"] = torch.arange(E_global).float() / 1024  # exact, distinct logits
+    emap = torch.full((E_global,), -1, dtype=torch.int32)
+    emap[torch.randperm(E_global, generator=gen)[:E_local]] = torch.randperm(E_local, generator=gen).int()
+    weights["expert_map"] = emap
+    ex = executor(spec, weights, 90)
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS | {"chunk_histogram", "chunk_scan", "chunk_scatter"})
+    _, ids = reference_route(x @ weights["router_weight"].t() + weights["router_bias"], k)
+    local = emap[ids.long()]
+    assert torch.equal(bufs["expert_ids"].cpu(), local)
+    assert (local < 0).any() and (local >= 0).any()
+    assert_groups(bufs, local, ex, T)
+
+
+#: routers of the common families (docs/routing.md) as the routing kernels take them: LayerSpec fields, E, k
+ROUTER_CASES = {
+    "sigmoid_topk-bias-renorm": (dict(routing="sigmoid_topk", renormalize=True), 16, 3, True),
+    "sigmoid_topk-groups-scaled": (dict(routing="sigmoid_topk", renormalize=True, n_group=4, topk_group=2,
+                                        scaling=2.5), 32, 5, True),
+    "sigmoid_topk-groups-no-bias": (dict(routing="sigmoid_topk", n_group=8, topk_group=3), 32, 6, False),
+    "topk_sigmoid-k1": (dict(routing="topk_sigmoid"), 16, 1, False),
+    "softmax_topk-renorm-scaled": (dict(routing="softmax_topk", renormalize=True, scaling=0.5), 12, 3, False),
+    "topk_softmax-fp32-router": (dict(router_fp32=True), 16, 2, False),
+}
+
+
+def router_case(name, tie_groups=False):
+    """(spec, weights, reference (weights, ids)) of a ROUTER_CASES layer (bf16, H=256): x and the router weight
+    multiples of 1/8 in [-3/8, 3/8] and the router bias i/1024, so every logit is exact (in fp32 and in bf16 after
+    the one rounding) and the reference's routing is the kernels' up to exp's last bit. ``tie_groups``: experts
+    16-23 copy 8-15's router rows and bias, both raised by 4 (groups 1 and 3 of 4 tie as the best two)."""
+    from types import SimpleNamespace
+
+    from mxmoe.core.reference import route
+
+    fields, E, k, score_bias = ROUTER_CASES[name]
+    H, fp32 = 256, fields.get("router_fp32", False)
+    spec = dataclasses.replace(layer_spec(E, k, H, 32, bias=False), **fields)
+    if score_bias:
+        spec = dataclasses.replace(spec, score_bias=StoredWeight("score_bias", (E,), "float32"))
+    if fp32:
+        spec = dataclasses.replace(spec, router_weight=StoredWeight("router_weight", (E, H), "float32"),
+                                   router_bias=StoredWeight("router_bias", (E,), "float32"))
+    gen = torch.Generator().manual_seed(E + k)
+    weights = random_weights(layer_spec(E, k, H, 32, bias=False))
+    rdt = torch.float32 if fp32 else torch.bfloat16
+    w = torch.randint(-3, 4, (E, H), generator=gen).float() / 8
+    b = torch.arange(E).float() / 1024
+    if tie_groups:
+        b[8:16] += 4
+        w[16:24], b[16:24] = w[8:16], b[8:16]
+    weights["router_weight"], weights["router_bias"] = w.to(rdt), b.to(rdt)
+    sb = None
+    if score_bias:
+        sb = (torch.randn(E, generator=gen) / 8).float()
+        weights["score_bias"] = sb
+    cfg = SimpleNamespace(top_k=k, routing=spec.routing, renormalize=spec.renormalize, n_group=spec.n_group,
+                          topk_group=spec.topk_group, routed_scaling_factor=spec.scaling)
+
+    def reference(x):
+        logits = x.float() @ w.T + b  # exact
+        logits = logits if fp32 else logits.bfloat16().float()
+        rw, ids = route(logits.numpy(), cfg, None if sb is None else sb.numpy())
+        return torch.from_numpy(rw), torch.from_numpy(ids).int()
+
+    return spec, weights, reference
+
+
+@pytest.mark.parametrize("T", [3, 40, 100, 1100])
+@pytest.mark.parametrize("name", list(ROUTER_CASES))
+def test_routers_of_the_families_in_every_router_kernel(name, T):
+    """sigmoid_topk (correction bias, expert groups, renormalised with the slot-order sum + 1e-20), topk_sigmoid,
+    routed_scaling_factor and fp32 routers in each router kernel (3 tokens: router_route_group, 40: the decode
+    class's, 100: router_gemm + route_partials, 1100: router_route) against ``mxmoe.core.reference.route``: the
+    same ids, the weights to exp's last bits, and every class of one plan alike (the contract: docs/routing.md)."""
+    spec, weights, reference = router_case(name)
+    ex = executor(spec, weights, 90)
+    x = (torch.randint(-3, 4, (T, 256), generator=torch.Generator().manual_seed(T)).float() / 8).bfloat16()
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
+    ref_w, ref_ids = reference(x)
+    assert torch.equal(bufs["expert_ids"].cpu(), ref_ids)
+    torch.testing.assert_close(bufs["routing_weights"].cpu(), ref_w, atol=1e-6, rtol=1e-5)
+    kinds = {ex.kernel_plan.kernels[lc.kernel].kernel for lc in ex.kernel_plan.shape_class(T).launches}
+    assert kinds & ROUTERS == {3: {"router_route_group"}, 40: {"router_route_group"},
+                              100: {"router_gemm", "route_partials"}, 1100: {"router_route"}}[T]
+
+
+@pytest.mark.parametrize("T", [5, 100])
+def test_tied_expert_groups_go_to_the_lower_group(T):
+    """Two groups with equal scores (the same router rows): the lower group is kept, and inside the kept groups
+    equal choice values go to the lower expert, as the reference's stable sorts do."""
+    spec, weights, reference = router_case("sigmoid_topk-groups-no-bias", tie_groups=True)
+    spec = dataclasses.replace(spec, n_group=4, topk_group=1, top_k=4)
+    ex = executor(spec, weights, 90)
+    x = (torch.randint(-3, 4, (T, 256), generator=torch.Generator().manual_seed(T)).float() / 8).bfloat16()
+    bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
+    from types import SimpleNamespace
+
+    from mxmoe.core.reference import route
+
+    logits = (x.float() @ weights["router_weight"].float().T + weights["router_bias"].float()).bfloat16().float()
+    cfg = SimpleNamespace(top_k=4, routing="sigmoid_topk", renormalize=False, n_group=4, topk_group=1,
+                          routed_scaling_factor=1.0)
+    ref_w, ref_ids = route(logits.numpy(), cfg)
+    assert torch.equal(bufs["expert_ids"].cpu(), torch.from_numpy(ref_ids).int())
+    torch.testing.assert_close(bufs["routing_weights"].cpu(), torch.from_numpy(ref_w), atol=1e-6, rtol=1e-5)
+    ids = bufs["expert_ids"].cpu()
+    assert bool(((ids >= 8) & (ids < 16)).all())  # group 1, never its twin 3
+
+
+def test_the_planner_refuses_what_the_kernels_do_not_run():
+    spec = layer_spec(8, 2, 64, 96)
+    with pytest.raises(PlanError, match="routing 'sparsemixer' is not one the Triton kernels run"):
+        dataclasses.replace(spec, routing="sparsemixer")
+    with pytest.raises(PlanError, match="activation 'relu2' is not one the Triton kernels run"):
+        dataclasses.replace(spec, activation="relu2")
+    with pytest.raises(PlanError, match="expert groups are 'sigmoid_topk''s"):
+        dataclasses.replace(spec, n_group=2, topk_group=1)
+
+
 def earlier_plan(plan: dict) -> dict:
     """``plan`` as plans built before 2026-11-24 ran the few-token classes (artifacts of then still name these
     kernels): gemv routed and sorted its pairs in one program (``route_and_group``) after its own router launch;
@@ -447,7 +587,9 @@ def earlier_plan(plan: dict) -> dict:
             consts = {name: c[name] for name in consts} if isinstance(consts, tuple) else consts
             name = f"{kernel}.{cls['name']}.earlier"
             plan["kernels"][name] = {"kernel": kernel, "constexprs": consts, "num_warps": warps, "num_stages": 1,
-                                     "args": [by_name[a] for a in arg_names(kernel) if a not in consts]}
+                                     # constants and run-time arguments added later (with defaults) left out
+                                     "args": [by_name[a] for a in arg_names(kernel)
+                                              if a not in consts and a in by_name]}
             return {"kernel": name, "grid": grid}
 
         route = ("NUM_EXPERTS", "TOP_K", "EXPERTS_POW2", "SLOTS_POW2", "SPLITS", "HAS_BIAS", "ROUND_LOGITS_BF16",

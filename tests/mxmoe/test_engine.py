@@ -50,6 +50,8 @@ def _load(layer: nn.Module, w: MoEWeights, cfg: MoEConfig, method: Mxfp4MoEMetho
             layer.shared_w2_weight_scale[:h, : s // 32] = torch.from_numpy(sc2)
             if cfg.shared_gate:
                 layer.shared_gate_weight[:, :h] = torch.from_numpy(w.shared_gate_weight)
+        if cfg.score_bias:
+            layer.e_score_correction_bias.copy_(torch.from_numpy(w.score_bias))
 
 
 def _bf16_floats(w: MoEWeights) -> MoEWeights:
@@ -72,12 +74,27 @@ CASES = {
                                 global_num_experts=16, shared_intermediate=64, shared_gate=True),
     "llama4-like": dict(num_experts=8, top_k=1, hidden=64, intermediate=64, activation="silu", interleaved=False,
                         bias=False, apply_router_weight_on_input=True, shared_intermediate=32),
+    # DeepSeek-V3's routing from the engine's fp32 logits: a correction bias, 4 groups keep 2, renormalised, x2.5
+    "deepseek-like": dict(num_experts=16, top_k=3, hidden=64, intermediate=64, activation="silu", interleaved=False,
+                          bias=False, routing="sigmoid_topk", renormalize=True, n_group=4, topk_group=2,
+                          routed_scaling_factor=2.5, score_bias=True, router_fp32=True),
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+#: where the engine cases run: the cpu target (padding H and I to 64), and the cuda target's Triton kernels under the
+#: interpreter with scratch reserved for CUDA-graph capture (the GPU test captures: test_cuda_graph_capture_on_the_gpu)
+ENGINE_TARGETS = {"cpu": dict(target=PADDED_CPU),
+                  "cuda-interpreted": dict(target="cuda:sm_90", compile_options={"interpret": True},
+                                           max_capture_size=80)}
+
+
+@pytest.fixture(scope="module", params=[(case, t) for case in CASES for t in ENGINE_TARGETS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def engine_layer(request):
-    cfg = MoEConfig(router=False, router_bias=False, **CASES[request.param])
+    case, where = request.param
+    if where != "cpu":
+        pytest.importorskip("iree.compiler")
+    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
     w = MoEWeights.random(cfg, seed=7)
     method = Mxfp4MoEMethod(
         num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
@@ -86,7 +103,8 @@ def engine_layer(request):
         expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
         apply_router_weight_on_input=cfg.apply_router_weight_on_input,
         shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
-        target=PADDED_CPU)
+        num_expert_group=cfg.n_group, topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+        e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, **ENGINE_TARGETS[where])
     layer = nn.Module()
     method.create_weights(layer, params_dtype=torch.bfloat16)
     _load(layer, w, cfg, method)
@@ -100,7 +118,8 @@ def test_modular_and_monolithic_match_the_reference(engine_layer, tokens):
     cfg = w.config
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, cfg.hidden, generator=g).bfloat16()
-    logits = torch.randn(tokens, cfg.experts_routed, generator=g).bfloat16()
+    logits = torch.randn(tokens, cfg.experts_routed, generator=g)
+    logits = logits if cfg.router_fp32 else logits.bfloat16()
     y = method.apply_monolithic(layer, x, logits)
     ref = numpy_reference(w, x.float().numpy(), BF16, entry="monolithic", router_logits=logits.float().numpy())
     assert relative_error(y.float().numpy(), ref) <= TOL
@@ -187,3 +206,56 @@ def test_deepseek_routing_in_the_monolithic_entry():
     y = method.apply_monolithic(layer, x, logits)
     ref = numpy_reference(_bf16_floats(w), x.float().numpy(), BF16, entry="monolithic", router_logits=logits.numpy())
     assert relative_error(y.float().numpy(), ref) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_graph_capture_on_the_gpu(case):
+    """``max_capture_size`` on a GPU: apply and apply_monolithic captured in CUDA graphs and replayed with new inputs
+    give what eager calls give, which match the reference."""
+    pytest.importorskip("iree.compiler")
+    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
+    w = MoEWeights.random(cfg, seed=7)
+    method = Mxfp4MoEMethod(
+        num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+        has_bias=cfg.bias, activation=cfg.activation, routing=cfg.routing, renormalize=cfg.renormalize,
+        global_num_experts=cfg.global_num_experts,
+        expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
+        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+        shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
+        num_expert_group=cfg.n_group, topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+        e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, target="cuda:sm_90",
+        max_capture_size=256)
+    layer = nn.Module()
+    method.create_weights(layer, params_dtype=torch.bfloat16)
+    _load(layer, w, cfg, method)
+    layer.cuda()
+    method.process_weights_after_loading(layer)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, cfg.hidden, generator=g).bfloat16().cuda()
+    logits = torch.randn(256, cfg.experts_routed, generator=g).cuda()
+    logits = logits if cfg.router_fp32 else logits.bfloat16()
+    tw = torch.rand(256, cfg.top_k, generator=g).cuda()
+    ids = torch.randint(0, cfg.experts_routed, (256, cfg.top_k), generator=g, dtype=torch.int32).cuda()
+    eager_mono, eager_mod = method.apply_monolithic(layer, x, logits), method.apply(layer, x, tw, ids, x)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        method.apply_monolithic(layer, x, logits)  # warm up outside the capture (JIT, allocator)
+        method.apply(layer, x, tw, ids, x)
+    torch.cuda.synchronize()
+    graph_mono, graph_mod = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph_mono):
+        out_mono = method.apply_monolithic(layer, x, logits)
+    with torch.cuda.graph(graph_mod):
+        out_mod = method.apply(layer, x, tw, ids, x)
+    x.copy_(torch.randn(256, cfg.hidden, generator=g).bfloat16())
+    logits.copy_(torch.randn(256, cfg.experts_routed, generator=g).to(logits.dtype))
+    graph_mono.replay()
+    graph_mod.replay()
+    torch.testing.assert_close(out_mono, method.apply_monolithic(layer, x, logits), rtol=0, atol=0)
+    torch.testing.assert_close(out_mod, method.apply(layer, x, tw, ids, x), rtol=0, atol=0)
+    ref = numpy_reference(_bf16_floats(w), x.float().cpu().numpy(), BF16, entry="monolithic",
+                          router_logits=logits.float().cpu().numpy())
+    assert relative_error(out_mono.float().cpu().numpy(), ref) <= TOL
+    assert not torch.equal(eager_mono, out_mono) and eager_mod.shape == out_mod.shape

@@ -2,9 +2,10 @@
 expert parallelism (global ids, an expert map, -1 for another rank's experts), router weight on input, shared
 experts (MXFP4 or bf16, with and without a gate), against the plain-torch reference (``MoE``) and its numpy twin.
 
-Compiled on the cpu target (its blocksplit layout and C microkernel) and, for this CPU, with exactly the linalg each
+Compiled on the cpu target (its blocksplit layout and C microkernel), for this CPU with exactly the linalg each
 ROCm target emits (the row-block lowering of the row-major layout: gfx950's ``scaling_extf`` decode, gfx942's integer
-one), so every lowering meets every feature.
+one), and on the cuda:sm_90 target with its Triton kernels under the interpreter, so every lowering meets every
+feature.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from mxmoe.core.reference import numpy_reference, relative_error
 from mxmoe.torch_frontend import MoE
 
 #: name -> a target, or the arch of a ROCm target whose lowering is compiled for this CPU (``rocm_form_on_cpu``)
-TARGETS = {"cpu": "cpu", "rocm:gfx950-on-cpu": "gfx950", "rocm:gfx942-on-cpu": "gfx942"}
+TARGETS = {"cpu": "cpu", "rocm:gfx950-on-cpu": "gfx950", "rocm:gfx942-on-cpu": "gfx942",
+           "cuda-interpreted": "cuda:sm_90"}
 BF16 = ml_dtypes.bfloat16
 #: bf16 outputs: the compiled sums may round once differently from torch's (a bf16 ulp), and a shared expert's bf16
 #: linear layers are summed in another order by IREE than by torch
@@ -68,12 +70,14 @@ FEATURES = {
 @pytest.fixture(scope="module", params=list(TARGETS))
 def target(request, rocm_form_on_cpu):
     name = TARGETS[request.param]
-    return name if name == "cpu" else rocm_form_on_cpu(name)
+    return name if name in ("cpu", "cuda:sm_90") else rocm_form_on_cpu(name)
 
 
 @pytest.fixture(scope="module", params=list(FEATURES))
 def compiled(request, target):
     layer = MoE.random(_cfg(**FEATURES[request.param]), seed=3)
+    if target == "cuda:sm_90":  # the Triton kernels under the interpreter
+        return layer, mxmoe.compile(layer, target=target, entries="all", interpret=True)
     return layer, mxmoe.compile(layer, target=target, entries="all")
 
 
