@@ -128,6 +128,13 @@ class IreeTarget(Target):
         return IreeCode(vmfb, driver=self.driver, function=default_entry)
 
 
+#: IREE's data tiling and its mmt4d microkernel, for modules whose expert matmuls are mxmoe's C kernel (then the
+#: router is the only matmul IREE compiles: its weight is packed at compile time and it runs the host's
+#: dot-product instructions; gpt-oss-20b's router at 1 token 115 -> 22 us, docs/cpu.md). Not for the linalg
+#: schedule, whose decode-once contraction IREE then fails to compile (vectors over its stack limit).
+CPU_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
+
+
 @dataclass(frozen=True)
 class CpuTarget(IreeTarget):
     """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here."""
@@ -152,6 +159,13 @@ class CpuTarget(IreeTarget):
             _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
                        "instead, which measured 3-4x slower (docs/cpu.md)")
         return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
+
+    def compile(self, module, parameters, *, extra_flags=(), **kwargs):
+        from mxmoe.kernels.cpu import MATVEC_SYMBOL
+
+        if MATVEC_SYMBOL in str(module):
+            extra_flags = [*CPU_DATA_TILING, *extra_flags]
+        return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
 
     def numerics_options(self, *, deterministic: bool | None, batch_invariant: bool) -> dict[str, bool]:
         # Always deterministic (no atomics); batch invariant where the C microkernel computes each row alone

@@ -144,7 +144,7 @@ def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=Fals
     return out[perm]
 
 
-@pytest.mark.parametrize("K,kind", [(96, 2), (64, 1), (2880, 3), (160, 1), (544, 2)])
+@pytest.mark.parametrize("K,kind", [(96, 2), (64, 1), (2880, 3), (160, 1), (544, 2), (224, 1), (2880, 1)])
 def test_c_quantizer_matches_the_format(kernel, K, kind):
     """Exactly the documented int16 values and scales, in the documented order, for an odd and an even
     block count, every activation kind, rows gathered through order / div; values from 2^-110 to 2^100.
@@ -264,6 +264,7 @@ def reference(x, w, s, bias_f32, rows):
     (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (nor of 4), 5 blocks
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
+    (2, 40, 224, [3, 9], 1, 32),       # 7 blocks: one quad, a pair and a lone block; matvec and GEMM rows
 ])
 def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
     """Exact arithmetic up to f32 accumulation: against float64 on the values the kernel was given (the
