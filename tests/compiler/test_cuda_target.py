@@ -484,17 +484,21 @@ def test_family_plans_carry_the_routing_constants(family_module):
         {"gelu": 1, "gelu_tanh": 2, "silu_clamped": 3}.get(cfg.activation, 0)}
 
 
-def test_family_kernels_build_cubins_for_sm90():
+@pytest.mark.parametrize("shared_format", ["mxfp4", "bf16"])
+def test_family_kernels_build_cubins_for_sm90(shared_format):
     """The AOT path (``triton.compile`` for GPUTarget("cuda", 90, 32)) builds every kernel of every entry's plan
     with the new constants: an fp32 sigmoid router with groups and a correction bias, gelu_tanh, a gated shared
-    expert, an expert map."""
+    expert of either format (the bf16 one: dense_glu / dense_out), an expert map."""
     cfg = _cfg(**{**FAMILY_CASES["sigmoid_topk-groups-fp32"], "activation": "gelu_tanh"}, shared_intermediate=64,
-               shared_gate=True, global_num_experts=20)
+               shared_gate=True, global_num_experts=20, shared_format=shared_format)
     cm = mxmoe.compile(MoE.random(cfg, seed=0), target="cuda:sm_90", entries="all")
     for entry, plan in cm.code.plans.items():
         binaries = cm.code.binaries if entry == cm.code.entry_name else cm.code.more[entry][1]
         assert set(binaries) == set(plan["kernels"]) == set(plan["cubins"]), entry
         assert all(blob[:4] == b"\x7fELF" for blob in binaries.values()), entry
+    kinds = {k["kernel"] for plan in cm.code.plans.values() for k in plan["kernels"].values()}
+    assert {"shared_gate", "map_ids", "map_and_group"} <= kinds
+    assert ({"dense_glu", "dense_out"} if shared_format == "bf16" else {"dense_groups"}) <= kinds
 
 
 @pytest.mark.parametrize("T", [100, 1100])
