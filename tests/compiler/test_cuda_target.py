@@ -517,3 +517,16 @@ def test_monolithic_with_an_expert_map_in_the_many_token_routers(T):
     x = _x(T, 64, seed=T)
     logits = _x(T, 12, seed=T + 1)
     _check(cm(x, logits), layer.monolithic(x, logits))
+
+
+def test_an_mxfp4_shared_expert_has_no_large_class():
+    """The large class's 256-row tiles gave wrong rows with an MXFP4 shared expert on the H100 (not under the
+    interpreter): such layers end with an unbounded prefill class; a bf16 shared expert keeps the large class."""
+    def classes(**kw):
+        cfg = _cfg(E=16, k=3, H=384, I=320, shared_intermediate=256, **kw)
+        return [(c["name"], c["max_tokens"]) for c in
+                mxmoe.compile(MoE.random(cfg, seed=0), target="cuda:sm_90", interpret=True).kernel_plan["classes"]]
+
+    mx = classes(shared_gate=True)
+    assert mx[-1] == ("prefill", None) and "large" not in dict(mx)
+    assert classes(shared_format="bf16")[-1] == ("large", None)
