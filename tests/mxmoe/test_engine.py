@@ -88,6 +88,19 @@ ENGINE_TARGETS = {"cpu": dict(target=PADDED_CPU),
                                            max_capture_size=80)}
 
 
+def _method(cfg: MoEConfig, w: MoEWeights, **options) -> Mxfp4MoEMethod:
+    """The engine's method for ``cfg``, as a serving engine would build it from its own config fields."""
+    return Mxfp4MoEMethod(
+        num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+        has_bias=cfg.bias, activation=cfg.activation, routing=cfg.routing, renormalize=cfg.renormalize,
+        global_num_experts=cfg.global_num_experts,
+        expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
+        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
+        shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
+        num_expert_group=cfg.n_group, topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+        e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, **options)
+
+
 @pytest.fixture(scope="module", params=[(case, t) for case in CASES for t in ENGINE_TARGETS],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def engine_layer(request):
@@ -96,15 +109,7 @@ def engine_layer(request):
         pytest.importorskip("iree.compiler")
     cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
     w = MoEWeights.random(cfg, seed=7)
-    method = Mxfp4MoEMethod(
-        num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
-        has_bias=cfg.bias, activation=cfg.activation, routing=cfg.routing, renormalize=cfg.renormalize,
-        global_num_experts=cfg.global_num_experts,
-        expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
-        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-        shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
-        num_expert_group=cfg.n_group, topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
-        e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, **ENGINE_TARGETS[where])
+    method = _method(cfg, w, **ENGINE_TARGETS[where])
     layer = nn.Module()
     method.create_weights(layer, params_dtype=torch.bfloat16)
     _load(layer, w, cfg, method)
@@ -217,16 +222,7 @@ def test_cuda_graph_capture_on_the_gpu(case):
     pytest.importorskip("iree.compiler")
     cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
     w = MoEWeights.random(cfg, seed=7)
-    method = Mxfp4MoEMethod(
-        num_experts=cfg.num_experts, top_k=cfg.top_k, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
-        has_bias=cfg.bias, activation=cfg.activation, routing=cfg.routing, renormalize=cfg.renormalize,
-        global_num_experts=cfg.global_num_experts,
-        expert_map=None if w.expert_map is None else torch.from_numpy(w.expert_map),
-        apply_router_weight_on_input=cfg.apply_router_weight_on_input,
-        shared_intermediate_size=cfg.shared_intermediate, shared_gate=cfg.shared_gate, interleaved=cfg.interleaved,
-        num_expert_group=cfg.n_group, topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
-        e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, target="cuda:sm_90",
-        max_capture_size=256)
+    method = _method(cfg, w, target="cuda:sm_90", max_capture_size=256)
     layer = nn.Module()
     method.create_weights(layer, params_dtype=torch.bfloat16)
     _load(layer, w, cfg, method)
