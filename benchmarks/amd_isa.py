@@ -173,24 +173,6 @@ def roofline(cfg, arch: str, activations: str, tokens: list[int], pad: str, stat
           + ", ".join(f"T={t}: {v * 1e6:.1f} us" for t, v in layer.items()))
 
 
-def rocm_form_on_cpu(arch: str, activations: str):
-    """A cpu target compiling exactly the linalg ``rocm:{arch}`` emits (its passes: layout, padding, activation form,
-    weight decode), so the AMD lowering's numerics are measured on this machine (as tests/conftest.py does)."""
-    from dataclasses import dataclass
-
-    from mxmoe.compiler.targets import CpuTarget, get_target
-
-    rocm = get_target(f"rocm:{arch}").with_activations(activations)
-
-    @dataclass(frozen=True)
-    class RocmFormOnCpu(CpuTarget):
-        def passes(self):
-            return rocm.passes()
-
-    return RocmFormOnCpu(f"cpu (the {rocm.name} lowering, activations={activations})", "host", rocm.layout,
-                         rocm.pad_multiple, device="this kind of CPU")
-
-
 def numerics(model: str, tokens: list[int]) -> None:
     """The error of each rocm form, compiled for this CPU, against the bf16 reference (and the mxfp8 form against the
     reference that quantizes its activations the same way): max |out - ref| / max |ref| (the tests' measure) and
@@ -201,6 +183,7 @@ def numerics(model: str, tokens: list[int]) -> None:
     import mxmoe
     from mxmoe.core.reference import numpy_reference, relative_error
     from mxmoe.torch_frontend import MoE
+    from mxmoe.compiler.targets import rocm_form_on_cpu
 
     cfg = model_config(model)
     layer = MoE.random(cfg, seed=0)

@@ -334,6 +334,21 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 )}
 
 
+def rocm_form_on_cpu(arch: str = "gfx942", activations: str = "bf16") -> Target:
+    """A cpu target compiling exactly the linalg ``rocm:{arch}`` emits (its row-major layout, padding, activation
+    form and weight decode: ``lowering/rocm_grouped.py``), so the AMD lowering's numerics are measured on this
+    machine without an AMD GPU (tests, benchmarks/amd_isa.py)."""
+    rocm = get_target(f"rocm:{arch}").with_activations(activations)
+
+    @dataclass(frozen=True)
+    class RocmFormOnCpu(CpuTarget):
+        def passes(self):
+            return rocm.passes()
+
+    return RocmFormOnCpu(f"cpu (the {rocm.name} lowering, activations={activations})", "host", rocm.layout,
+                         rocm.pad_multiple, device="this kind of CPU")
+
+
 def get_target(name: "str | Target") -> Target:
     if isinstance(name, Target):
         return name

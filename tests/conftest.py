@@ -101,27 +101,10 @@ def mxmoe_cli():
     return run
 
 
-def _rocm_form_on_cpu(arch: str = "gfx942", activations: str = "bf16"):
-    """A target that compiles exactly the linalg a ROCm target emits (its row-major layout, padding, activation form
-    and weight decode: ``lowering/rocm_grouped.py``) for this machine's CPU, so that the numerics of the AMD
-    lowering are checked without an AMD GPU."""
-    from dataclasses import dataclass
-
-    from mxmoe.compiler.targets import CpuTarget, get_target
-
-    rocm = get_target(f"rocm:{arch}").with_activations(activations)
-
-    @dataclass(frozen=True)
-    class RocmFormOnCpu(CpuTarget):
-        def passes(self):
-            return rocm.passes()
-
-    return RocmFormOnCpu(f"cpu (the {rocm.name} lowering, activations={activations})", "host", rocm.layout,
-                         rocm.pad_multiple, device="this kind of CPU")
-
-
 @pytest.fixture(scope="session")
 def rocm_form_on_cpu():
     """``rocm_form_on_cpu(arch="gfx942", activations="bf16")`` -> a cpu target compiling the linalg of
-    ``rocm:{arch}`` (see :func:`_rocm_form_on_cpu`)."""
-    return _rocm_form_on_cpu
+    ``rocm:{arch}`` (``mxmoe.compiler.targets.rocm_form_on_cpu``)."""
+    from mxmoe.compiler.targets import rocm_form_on_cpu as form
+
+    return form
