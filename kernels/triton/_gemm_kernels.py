@@ -287,6 +287,19 @@ def _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BL
 
 
 @triton.jit
+def _glu_columns(pid_n, BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, INTERMEDIATE: tl.constexpr):
+    """(activation column, w13 weight row, mask) of each of a GLU tile's BLOCK_N columns: (gate, up) pairs of
+    BLOCK_N / 2 activation columns, the rows interleaved or [gate | up]."""
+    c = tl.arange(0, BLOCK_N)
+    act_col = pid_n * (BLOCK_N // 2) + c // 2
+    if INTERLEAVED:
+        cols = 2 * act_col + c % 2
+    else:
+        cols = act_col + (c % 2) * INTERMEDIATE
+    return act_col, cols, act_col < INTERMEDIATE
+
+
+@triton.jit
 def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr,
                     HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
@@ -320,13 +333,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
         row_scale = tl.load(row_weights_ptr + pairs, mask=row_mask, other=0.0)
         if x_ptr.dtype.element_ty == tl.bfloat16:
             row_scale = round_to_bf16(row_scale)
-    c = tl.arange(0, BLOCK_N)
-    act_col = pid_n * (BLOCK_N // 2) + c // 2
-    if INTERLEAVED:
-        cols = 2 * act_col + c % 2
-    else:
-        cols = act_col + (c % 2) * INTERMEDIATE
-    col_mask = act_col < INTERMEDIATE
+    act_col, cols, col_mask = _glu_columns(pid_n, BLOCK_N, INTERLEAVED, INTERMEDIATE)
+    c = tl.arange(0, BLOCK_N)  # the TMA [gate | up] path below maps tile rows itself
 
     x_rows = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN
     if W_HOPPER:

@@ -36,7 +36,7 @@ import os
 import triton
 import triton.language as tl
 
-from ._gemm_kernels import _block_rows, _cast_if_last, _scale_tile, _tile_coords, _value_tile
+from ._gemm_kernels import _block_rows, _cast_if_last, _glu_columns, _scale_tile, _tile_coords, _value_tile
 
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -194,13 +194,7 @@ def glu_gemm_w4a8_kernel(xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, actq_ptr, acts_
     if expert < 0:
         return
     tokens = (tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K).to(tl.int64)
-    c = tl.arange(0, BLOCK_N)
-    act_col = pid_n * (BLOCK_N // 2) + c // 2
-    if INTERLEAVED:
-        cols = 2 * act_col + c % 2
-    else:
-        cols = act_col + (c % 2) * INTERMEDIATE
-    col_mask = act_col < INTERMEDIATE
+    act_col, cols, col_mask = _glu_columns(pid_n, BLOCK_N, INTERLEAVED, INTERMEDIATE)
     acc = _w4a8_mma(xq_ptr + tokens[:, None] * HIDDEN, xs_ptr + tokens[:, None] * (HIDDEN // 32), row_mask,
                     w_ptr, s_ptr, expert, cols, col_mask, 2 * INTERMEDIATE, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K,
                     SWAP_AB, FP8_HOPPER)
