@@ -11,9 +11,9 @@ a shared expert: MXFP4 (grouped matmuls on ``aten.new_zeros`` ids with ``aten.ne
 ``sigmoid(linear(x, gate))`` weights) or bf16 (``linear``, ``mxmoe.glu``, ``linear``, optionally times the fp32
 sigmoid gate), ``aten.add`` to the routed output; or alone (the ``shared`` entry). The weights are
 parameter-backed ``util.global`` values. Around them only bridging ops (``torch_c.*_builtin_tensor``, constants, a
-``reshape``/``view`` that keeps the hidden dim, export's dtype asserts) may appear. Any other op, or one of those
-ops in another role, is an error that names it: the Triton path has no kernels for it, and it is never silently
-dropped.
+``reshape``/``view`` that keeps the hidden dim, export's dtype asserts, a cast to the dtype a value already has) may
+appear. Any other op, or one of those ops in another role, is an error that names it: the Triton path has no kernels
+for it, and it is never silently dropped.
 
 What it found is a :class:`~mxmoe.kernels.triton.planner.LayerSpec` (dims, semantics, and the globals holding
 the weights with their stored shapes); :func:`~mxmoe.kernels.triton.planner.plan_layer` turns that into the
@@ -63,8 +63,15 @@ def _source(v: ir.Value) -> ir.Value:
             v = op.operands[0]
         elif op.name in _RESHAPES and _last_dim(op.operands[0]) == _last_dim(op.results[0]) is not None:
             v = op.operands[0]
+        elif _identity_cast(op):
+            v = op.operands[0]
         else:
             return v
+
+
+def _identity_cast(op: ir.Operation) -> bool:
+    """An ``aten.to.dtype`` to the dtype it already has (an fp32 layer's ``x.float()``): no work."""
+    return op.name == "torch.aten.to.dtype" and str(op.operands[0].type) == str(op.results[0].type)
 
 
 def _last_dim(v: ir.Value) -> int | None:
@@ -142,8 +149,8 @@ def _refuse_other_ops(ops: list[ir.Operation], matched: set) -> None:
     for op in ops:
         if op.name in _GLUE | _RESHAPES or op.name == "torch.constant.device":
             continue
-        if op.name == "torch.aten._assert_tensor_metadata":
-            continue  # torch.export's check of a tensor's dtype (e.g. the modular weights'): no work
+        if op.name == "torch.aten._assert_tensor_metadata" or _identity_cast(op):
+            continue  # torch.export's check of a tensor's dtype (e.g. the modular weights'), a no-op cast: no work
         if _key(op) not in matched:
             other[op.name] = other.get(op.name, 0) + 1
     if other:

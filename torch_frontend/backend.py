@@ -4,7 +4,10 @@ What the backend does with each FX graph dynamo hands it:
 
 1. **Find the regions.** A capability-based partition groups the mxmoe custom ops (``mxmoe::route``,
    ``mxfp4_grouped_matmul``, ``glu``, ``combine``, their ``getitem``s) and the router ``linear`` that
-   feeds ``route`` into regions, one per MoE layer.
+   feeds ``route`` into regions, one per MoE layer. Inside an mxmoe :class:`~mxmoe.torch_frontend.moe.MoE`
+   module (what ``convert`` puts in a model) the region also takes the layer's own ops around them: a bf16
+   shared expert's linears and sigmoid gate, the casts, the shared expert's ids and the final add, so the whole
+   layer is one region (the Triton path runs nothing less). Reshapes at the layer's edges stay outside.
 2. **Compile each region with mxmoe** for the device its tensors live on (cpu -> the IREE ``cpu`` target;
    cuda -> ``cuda:sm_XY`` through Triton; ``Target.runs_torch_tensors``). The region is
    exported with a dynamic token dimension, so 1, 5, 17 or 300 tokens run the same compiled module.
@@ -52,6 +55,7 @@ from torch import fx
 from mxmoe.core.bridge import dtype_name, to_numpy
 from mxmoe.torch_frontend import ops as _ops  # noqa: F401  (registers the mxmoe custom ops)
 from mxmoe.torch_frontend.compile_cache import CompileCache, make_key
+from mxmoe.torch_frontend.moe import MoE
 
 __all__ = ["mxmoe_backend", "register", "stats", "reset", "MxmoeCompileError", "MxmoeFallbackWarning"]
 
@@ -195,13 +199,59 @@ def _drop_dead_consumers(gm: fx.GraphModule) -> None:
                 changed = True
 
 
+#: ops that stay at a layer's edges (the token reshapes and the shape arithmetic feeding them)
+_EDGE_METHODS = {"view", "reshape", "flatten", "size", "dim", "contiguous"}
+_EDGE_FUNCTIONS = {torch.reshape, torch.flatten, operator.floordiv, operator.mul, torch._C._nn.pad}
+
+
+def _layer_of(node: fx.Node) -> Optional[str]:
+    """The path of the innermost mxmoe MoE module whose forward made ``node`` (dynamo's nn_module_stack)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, cls in reversed(list(stack.values())):
+        if isinstance(cls, type) and issubclass(cls, MoE):
+            return path
+    return None
+
+
+def _growable(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target not in _EDGE_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target in _EDGE_FUNCTIONS:  # a mul of sizes, not of tensors, is shape arithmetic
+        return node.target is operator.mul and isinstance(_meta_value(node), torch.Tensor)
+    return isinstance(_meta_value(node), torch.Tensor)
+
+
+def _region_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """The supported nodes, grown inside each mxmoe MoE module: a node of the same layer joins when it reads a
+    region node (the bf16 shared expert's w2 linear, its gate's product and cast, the final add) or when all its
+    users are region nodes (the shared expert's w13 linear, its gate, an fp32 router's cast, new_zeros ids)."""
+    region = {n for n in gm.graph.nodes if _supported(n)}
+    owner = {n: _layer_of(n) for n in gm.graph.nodes}
+    grown = True
+    while grown:
+        grown = False
+        for n in gm.graph.nodes:
+            if n in region or owner[n] is None or not _growable(n):
+                continue
+            reads = any(a in region and owner[a] == owner[n] for a in n.all_input_nodes)
+            feeds = bool(n.users) and all(u in region and owner[u] == owner[n] for u in n.users)
+            if reads or feeds:
+                region.add(n)
+                grown = True
+    return region
+
+
 def _find_regions(gm: fx.GraphModule) -> list[list[fx.Node]]:
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
+    supported = _region_nodes(gm)
+
     class _Support(OperatorSupportBase):
         def is_node_supported(self, submodules, node):
-            return _supported(node)
+            return node in supported
 
     kwargs = {"allows_single_node_partition": True}
     if "skip_horizontal_fusion" in inspect.signature(CapabilityBasedPartitioner.__init__).parameters:
@@ -210,7 +260,12 @@ def _find_regions(gm: fx.GraphModule) -> list[list[fx.Node]]:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     regions = []
     for p in part.propose_partitions():
-        nodes = sorted(p.nodes, key=order.__getitem__)
+        members = set(p.nodes)
+        # the partitioner keeps a getitem with its producer; one on a weight (a shared expert's w[0]) joins the
+        # region that reads it, so the region takes the weight itself
+        members |= {n for n in supported if n.op == "call_function" and n.target is operator.getitem
+                    and n.users and all(u in members for u in n.users)}
+        nodes = sorted(members, key=order.__getitem__)
         if any(_is_mxmoe_op(n.target) for n in nodes):
             regions.append(nodes)
     regions.sort(key=lambda ns: order[ns[0]])

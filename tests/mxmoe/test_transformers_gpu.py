@@ -3,8 +3,9 @@ tiny random models of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3 and gpt-
 implementation (the ``modular`` entry on the Triton path) and through ``convert`` + ``torch.compile(backend="mxmoe")``
 (whole blocks with their routers), against transformers' eager model holding the dequantized weights.
 
-The Triton path's modular entry and the DeepSeek / Llama-4 routings come with the Triton planner's next steps
-(docs/interface.md, docs/transformers.md): until then these fail with the one-line errors that name what is not built.
+The models are fp32; the cuda target's kernels take bf16 operands (fp32 accumulation), as docs/transformers.md says,
+so logits are compared at bf16's tolerance, and greedy generation must agree wherever the eager model's choice is
+decisive (its top two logits further apart than that tolerance).
 """
 
 from __future__ import annotations
@@ -27,8 +28,28 @@ def _tiny(family: str):
     return tiny_model(family).cuda()
 
 
+#: logits of a tiny fp32 model whose experts run with bf16 operands, relative to the eager model's (as the CPU
+#: test of the same regions under the interpreter, tests/mxmoe/test_transformers.py)
+BF16_OPERANDS = 2e-2
+
+
 def _rel(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def _greedy_agrees(model, run, prompt, new_tokens=8) -> None:
+    """Greedy generation by the eager model; ``run(ids)`` (mxmoe's logits) must pick the same next token at every
+    step where the eager model's top two logits are further apart than twice the tolerance (in these tiny random
+    models 1 to 6 of 8 steps, measured on the CPU)."""
+    model.set_experts_implementation("eager")
+    gen = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+    ref = model(gen[:, :-1]).logits[0, prompt.shape[1] - 1:].float()
+    out = run(gen[:, :-1])[0, prompt.shape[1] - 1:].float()
+    top2 = ref.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > 2 * BF16_OPERANDS * ref.abs().max()
+    assert bool(decisive.any()), "no decisive step: the check would mean nothing"
+    want = gen[0, prompt.shape[1]:]
+    assert torch.equal(out.argmax(-1)[decisive], want[decisive])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -45,10 +66,16 @@ def test_experts_implementation_on_cuda(family):
         ref = model(ids).logits
         model.set_experts_implementation("mxmoe")
         out = model(ids).logits
-        assert _rel(out, ref) < 1e-4
-        gen = model.generate(ids, max_new_tokens=8, do_sample=False)
-        model.set_experts_implementation("eager")
-        assert torch.equal(gen, model.generate(ids, max_new_tokens=8, do_sample=False))
+        assert _rel(out, ref) < BF16_OPERANDS
+
+        def run(seq):
+            model.set_experts_implementation("mxmoe")
+            try:
+                return model(seq).logits
+            finally:
+                model.set_experts_implementation("eager")
+
+        _greedy_agrees(model, run, ids)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -69,5 +96,6 @@ def test_convert_and_torch_compile_on_cuda(family):
     for t in (12, 5):
         ids = torch.randint(3, 200, (1, t), device="cuda", generator=torch.Generator("cuda").manual_seed(t))
         with torch.no_grad():
-            assert _rel(compiled(ids).logits, model(ids).logits) < 1e-4
-    assert backend.stats.fallbacks == 0
+            assert _rel(compiled(ids).logits, model(ids).logits) < BF16_OPERANDS
+            _greedy_agrees(model, lambda seq: compiled(seq).logits, ids)
+    assert backend.stats.fallbacks == 0 and backend.stats.regions >= len(report.replaced)
