@@ -25,6 +25,11 @@ out, the [T*k, I] intermediate written and read) and % of the measured HBM bandw
 (router + both expert GEMMs) and % of the measured dense bf16 peak. Routing: "uniform" (random
 router) and "skewed" (router bias favouring a few experts: about half of all picks go to 1/8 of
 the experts).
+
+The families' presets (``--models 'mixtral-8x7b;qwen3-30b-a3b;qwen1.5-moe-a2.7b;olmoe-1b-7b;deepseek-v3;
+llama-4-scout'``) run with their own routing, activation and shared expert: the torch baseline and the peer compute
+gpt-oss's semantics only, so their columns are empty; "max err" is against the layer's own torch reference (T <= 64);
+bytes and FLOPs include the shared expert; a layer without a router bias is timed with uniform routing only.
 """
 
 from __future__ import annotations
@@ -212,6 +217,19 @@ def torch_baseline(torch, F, layer, x, lut):
     return out.to(x.dtype)
 
 
+def is_gpt_oss_semantics(cfg) -> bool:
+    """Whether a layer computes as gpt-oss's (what :func:`torch_baseline` and the peer implement)."""
+    return (cfg.routing == "topk_softmax" and cfg.activation == "swiglu_oai" and cfg.interleaved and cfg.bias
+            and not cfg.shared_intermediate and not cfg.apply_router_weight_on_input)
+
+
+def routed_ids(F, layer, x):
+    """The experts ``layer``'s own routing picks for ``x`` (group-limited and biased routings included)."""
+    cfg = layer.config
+    logits = F.linear(x.float() if cfg.router_fp32 else x, layer.router_weight, layer.router_bias)
+    return layer._route(logits)[1]
+
+
 def sample_tokens(torch, T: int, H: int):
     """The benchmark's [T, H] bf16 hidden states on the GPU, drawn from a generator seeded with T: the same
     tokens (so the same experts) for a row whichever other rows a run asks for, in every mode."""
@@ -261,27 +279,32 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
             layer = MoE.random(model_config(model), seed=0).cuda()
             cached[model] = (layer, params_from_layer(plan, layer), plan["layer"]["layout"])  # slow: once per model
         layer, params, _ = cached[model]
-        uniform_bias = layer.router_bias.clone()
-        for routing in ("uniform", "skewed"):
+        cfg = layer.config
+        gpt_oss_semantics = is_gpt_oss_semantics(cfg)  # the torch baseline computes those alone
+        # skewed routing adds a bias to the router's: a layer without one is timed uniform only
+        uniform_bias = layer.router_bias.clone() if layer.router_bias is not None else None
+        for routing in ("uniform", "skewed") if uniform_bias is not None else ("uniform",):
             gen = torch.Generator().manual_seed(1)
-            layer.router_bias.copy_(uniform_bias)
+            if uniform_bias is not None:
+                layer.router_bias.copy_(uniform_bias)
             if routing == "skewed":
                 skew_router(torch, layer, gen)  # params holds the layer's own router bias tensor
             ex = TritonExecutor(plan, params, binaries)
             copies = [TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
                       for shift in (1, 2, 3)]
-            cfg = layer.config
-            E, k, H, I = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate
+            E, k, H, I, S = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate, cfg.shared_intermediate
             peer_cannot = (why_not or "not loaded") if peer is None else peer.unsupported(cfg)
             peer_layers = [peer.layer(layer) for _ in range(4)] if peer_cannot is None else []
             for T in tokens:
                 x = sample_tokens(torch, T, H)
                 with torch.no_grad():
-                    ids = F.linear(x, layer.router_weight, layer.router_bias).float().topk(k, dim=-1).indices
-                    used = int(torch.unique(ids).numel())
+                    used = int(torch.unique(routed_ids(F, layer, x)).numel())
                     out = ex(x)
-                    ref = torch_baseline(torch, F, layer, x, lut) if check or baseline else None
-                    err = float((out.float() - ref.float()).abs().max()) if check else float("nan")
+                    if gpt_oss_semantics:
+                        ref = torch_baseline(torch, F, layer, x, lut) if check or baseline else None
+                    else:  # the layer's own reference (its routing, activation and shared expert), small T only
+                        ref = layer(x) if check and T <= 64 else None
+                    err = float((out.float() - ref.float()).abs().max()) if check and ref is not None else float("nan")
                 # the 10-forward graph cycles through copies of the layer at other addresses so that no
                 # forward finds its weights in L2 from the one before (as in a model, layer after layer)
                 exs = [ex] + copies if T <= 512 else [ex]
@@ -290,10 +313,13 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                                  iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
                 t_one = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50) if T <= 512 else t_mx
                 t_th = (time_cuda(torch, lambda: torch_baseline(torch, F, layer, x, lut), iters=20 if T <= 4096 else 10)
-                        if baseline else float("nan"))
-                expert_bytes = used * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32 + (2 * I + H) * 2)
-                moved = expert_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
-                flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * E * H
+                        if baseline and gpt_oss_semantics else float("nan"))
+                bias_bytes = (2 * I + H) * 2 if cfg.bias else 0
+                expert_bytes = used * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32 + bias_bytes)
+                shared_bytes = (3 * S * H * 2 if cfg.shared_format == "bf16" else 3 * S * H // 2 + 3 * S * H // 32) + (
+                    H * 2 if cfg.shared_gate else 0)
+                moved = expert_bytes + shared_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
+                flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * 3 * S * H + 2 * T * E * H
                 if peer_layers:  # the same timing: graphs cycling through 4 copies for T <= 512
                     pl = peer_layers if T <= 512 else peer_layers[:1]
                     pcalls = iter(range(1 << 62))
@@ -307,7 +333,8 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                       f"{t_one * 1e6:.1f} | {t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
                       f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} | {peer_cols} |", flush=True)
             del ex, copies, peer_layers
-        layer.router_bias.copy_(uniform_bias)
+        if uniform_bias is not None:
+            layer.router_bias.copy_(uniform_bias)
     print(f"torch baseline GEMM: {BASELINE['gemm']}")
 
 

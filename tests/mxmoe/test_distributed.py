@@ -402,12 +402,42 @@ def test_torch_compile_of_a_model_with_sharded_layers(tmp_path):
 
 
 def test_compiled_shards(tmp_path):
-    """mxmoe.compile on each rank's shard (the cpu target with the row-major lowering, which skips other ranks'
-    experts)."""
-    from mxmoe.compiler.targets import get_target
-    from mxmoe.core.layouts import ROW_MAJOR
+    """mxmoe.compile on each rank's shard (the cpu target's default lowering skips other ranks' experts)."""
+    _check(2, {"mode": "ep", "counts": [7, 4], "compile": "cpu"}, tmp_path)
 
-    _check(2, {"mode": "ep", "counts": [7, 4], "compile": get_target("cpu").replace(layout=ROW_MAJOR)}, tmp_path)
+
+def _parts_add_up(ep: int, tp: int, target: str, device: str, tokens=(1, 9, 70), **options) -> None:
+    """Each rank's part compiled for ``target``, run in one process on the same tokens: the parts' partial outputs
+    add up to the whole layer's routed experts (what the collectives then sum or gather)."""
+    from mxmoe.distributed import ShardedMoE, ShardSpec
+
+    cfg = _cfg(num_experts=12, top_k=3, hidden=128, intermediate=192, bias=True, router_bias=True)
+    layer = MoE.random(cfg, seed=4).to(device)
+    parts = [ShardedMoE(layer, ShardSpec(ep, tp, rank)).compile(target, **options) for rank in range(ep * tp)]
+    for t in tokens:
+        x = _tokens([t], h=128, seed=t)[0].to(device)
+        with torch.no_grad():
+            weights, ids = layer._route(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias))
+            want = layer.modular(x, weights, ids, shared=False).float()
+            got = sum(part._experts(x, weights, ids).float() for part in parts)
+        assert float((got - want).abs().max() / want.abs().max()) < TOL, (ep, tp, t)
+
+
+def test_triton_parts_add_up_to_the_layer_under_the_interpreter():
+    """The cuda target's parts (the Triton path's modular entry with the expert map; a tp slice of the
+    intermediate dim) on this CPU, kernels under Triton's interpreter; the H100 runs the next test."""
+    pytest.importorskip("triton")
+    _parts_add_up(2, 2, "cuda:sm_90", "cpu", tokens=(1, 9), interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", [(2, 1), (1, 2), (2, 2)])
+def test_cuda_compiled_parts_add_up_to_the_layer(mode):
+    """The same on the GPU. The collectives between ranks are not in this test (one GPU: no NCCL group)."""
+    pytest.importorskip("iree.compiler", reason="the compiler's IREE bindings are not on this GPU machine")
+    major, minor = torch.cuda.get_device_capability()
+    _parts_add_up(*mode, f"cuda:sm_{major}{minor}", "cuda")
 
 
 def test_ranks_that_disagree_get_a_clear_error(tmp_path):

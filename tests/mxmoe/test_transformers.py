@@ -16,8 +16,6 @@ import pytest
 import torch
 
 import mxmoe.transformers as mt
-from mxmoe.compiler.targets import get_target
-from mxmoe.core.layouts import ROW_MAJOR
 from mxmoe.torch_frontend.families import Unsupported, experts_spec
 from mxmoe.transformers.experts import mxmoe_experts_forward, quantized_state
 
@@ -25,7 +23,6 @@ pytest.importorskip("transformers.integrations.moe")
 from transformers import MixtralConfig, MixtralForCausalLM  # noqa: E402
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # noqa: E402
 
-ROWMAJOR = get_target("cpu").replace(layout=ROW_MAJOR)
 
 
 def _mixtral(hidden=64, intermediate=96, experts=8, k=2, dtype=torch.float32, seed=0) -> MixtralForCausalLM:
@@ -149,10 +146,10 @@ def test_bf16_on_the_cpu_microkernel():
 
 
 def test_expert_parallel_sentinel_contributes_nothing():
-    """transformers marks a pair routed to another rank's expert with id E: it adds nothing (row-major lowering:
-    the cpu blocksplit one skips such ids once cpu_grouped.py does)."""
+    """transformers marks a pair routed to another rank's expert with id E: it adds nothing (the cpu target's
+    default blocksplit lowering)."""
     model = _mixtral(seed=8)
-    mt.quantize_experts(model, target=ROWMAJOR)
+    mt.quantize_experts(model)
     mt.dequantize_experts(model)
     ex = model.model.layers[0].mlp.experts
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))

@@ -97,8 +97,6 @@ def test_converted_blocks_compile_with_the_layer_and_monolithic_entries(fam, tar
     convert(converted)
     block = next(m for m in converted.modules() if isinstance(m, MoE))
     cfg = block.config
-    if target == "cpu" and cfg.shared_intermediate and cfg.shared_format == "mxfp4":
-        pytest.skip("the cpu blocksplit lowering does not yet take constant expert ids (cpu_grouped.py)")
     layer = MoE(block.to_weights(), dtype=torch.bfloat16)
     cm = mxmoe.compile(layer, target=target if target == "cpu" else ROWMAJOR, entries=["layer", "monolithic"])
     for tokens in (1, 7, 33):
