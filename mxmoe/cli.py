@@ -540,16 +540,19 @@ def _reference(args, mod, art, inputs, entry: str):
     stored, _ = parameter_arrays(art, args.weights, args.weight_set, args.layer)
     weights = weights_from_parameters(model, logical_parameters(art, stored))
     return _layer_reference(weights, entry, inputs, numpy_dtype(mod.inputs[0].dtype),
-                            prefer_torch=not args.numpy_reference)
+                            prefer_torch=not args.numpy_reference,
+                            activations=art.target.get("activations", "bf16"))
 
 
 #: an MoE entry's inputs after the hidden states, as the references name them (main: the layer entry's old name)
 _ENTRY_ARGS = {"layer": (), "main": (), "monolithic": ("router_logits",), "modular": ("topk_weights", "topk_ids")}
 
 
-def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch: bool):
+def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch: bool, activations: str = "bf16"):
     """(reference output of ``entry`` as float32, which implementation ran): mxmoe's torch layer where torch is
-    installed, else the numpy reference (same semantics; a deploy box may have no torch)."""
+    installed, else the numpy reference (same semantics; a deploy box may have no torch). A w4a8 module
+    (``activations="mxfp8"``) is compared with the numpy reference that rounds the activations to MXFP8 as it does:
+    against the bf16 one its error is that of MXFP8 itself (~5%), above any useful tolerance."""
     import numpy as np
 
     from mxmoe.core.reference import numpy_reference
@@ -558,7 +561,7 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
         raise CliError(f"--check knows the MoE entries {', '.join(_ENTRY_ARGS)}, not {entry!r}")
     x = np.asarray(inputs[0], dtype=np.float32)
     extra = dict(zip(_ENTRY_ARGS[entry], inputs[1:]))
-    if prefer_torch:
+    if prefer_torch and activations == "bf16":
         try:
             import torch
         except ImportError:
@@ -579,9 +582,10 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
                     out = layer(xt)
             return out.float().numpy(), "torch"
     np_entry = "layer" if entry == "main" else entry
-    return numpy_reference(weights, x, activation_dtype, entry=np_entry,
+    return numpy_reference(weights, x, activation_dtype, entry=np_entry, activations=activations,
                            **{k: np.asarray(v) if k == "topk_ids" else np.asarray(v, np.float32)
-                              for k, v in extra.items()}), "numpy"
+                              for k, v in extra.items()}), "numpy" + (" (MXFP8 activations)" if activations != "bf16"
+                                                                     else "")
 
 
 # ============================================================================================ inspect
@@ -606,6 +610,10 @@ def cmd_inspect(args) -> int:
     if "cpu_microkernel" in t:
         line += "; with the C matvec microkernel" if t["cpu_microkernel"] else "; linalg matvec (no C microkernel)"
     print(line)
+    if "activations" in t:
+        print(f"  activations {t['activations']}" + (" (w4a8: the expert GEMMs read MXFP8 activations; run --check "
+                                                   "compares with the reference that rounds them the same way)"
+                                                   if t["activations"] == "mxfp8" else ""))
     numerics = t.get("numerics")
     if numerics is not None:
         print(f"  numerics    deterministic {'yes' if numerics.get('deterministic') else 'no'}, batch invariant "

@@ -130,6 +130,25 @@ def test_run_check_fails_when_module_and_reference_disagree(capsys, tiny_art, wo
     assert rc == EXIT_MISMATCH and "FAIL" in out
 
 
+def test_run_check_uses_the_reference_of_the_recorded_activations(capsys, tiny_art, work):
+    """A w4a8 artifact (target activations "mxfp8") is checked against the reference that rounds the activations
+    to MXFP8 as its GEMMs do, and inspect says so. Shown with the cpu module (bf16 activations) under a manifest
+    that claims mxfp8: the two now disagree by MXFP8's error (~5%), so the check fails; with the bf16 reference
+    it would pass."""
+    claimed = work / "claims_mxfp8.mxmoe"
+    a = A.Artifact(tiny_art)
+    man = dict(a.manifest)
+    man["target"] = {**man["target"], "activations": "mxfp8"}
+    A.write_artifact(claimed, man, [A.Section(s["name"], s["kind"], bytes(a.section(s["name"])))
+                                    for s in man["sections"]])
+    rc, out, _ = cli(capsys, "inspect", claimed)
+    assert rc == 0 and "activations mxfp8 (w4a8" in out
+    rc, out, _ = cli(capsys, "run", claimed, "--tokens", 16, "--check")
+    assert rc == EXIT_MISMATCH and "numpy (MXFP8 activations) reference" in out and "FAIL" in out
+    rc, out, _ = cli(capsys, "run", tiny_art, "--tokens", 16, "--check")
+    assert rc == 0 and "torch reference" in out
+
+
 # ----------------------------------------------------------------------------------------- sources
 
 def test_compile_checkpoint_all_layers(capsys, ckpt, work):
