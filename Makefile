@@ -23,12 +23,15 @@ demo: $(STAMP)
 	$(VENV)/bin/mxmoe compile --preset gpt-oss-20b --target cpu -o build/gpt-oss-20b-layer.mxmoe
 	$(VENV)/bin/mxmoe run build/gpt-oss-20b-layer.mxmoe --tokens 4 --check
 
-# Default suite: everything except gpt-oss-sized runs (-m slow) and GPU tests (skip without CUDA).
+# Default suite: everything except gpt-oss-sized runs (-m slow) and GPU tests (skip without CUDA). Test files
+# spread over the cores (pytest-xdist, one file per worker so a file's compiled fixtures are built once); the
+# slowest tests are listed at the end.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL) --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -67,15 +67,21 @@ FEATURES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(TARGETS))
-def target(request, rocm_form_on_cpu):
-    name = TARGETS[request.param]
-    return name if name in ("cpu", "cuda:sm_90") else rocm_form_on_cpu(name)
+#: the ROCm lowerings on the CPU check these features in the default suite (the rest with -m slow): each compile
+#: takes ~4 s, and the cpu and interpreted cuda targets run every feature
+_ROCM_QUICK = {"everything", "shared-mxfp4-gate", "expert-parallel", "shared-bf16-gate"}
 
 
-@pytest.fixture(scope="module", params=list(FEATURES))
-def compiled(request, target):
-    layer = MoE.random(_cfg(**FEATURES[request.param]), seed=3)
+@pytest.fixture(scope="module", params=[
+    pytest.param((f, t), id=f"{f}-{t}",
+                 marks=() if not t.startswith("rocm") or f in _ROCM_QUICK else pytest.mark.slow)
+    for t in TARGETS for f in FEATURES])
+def compiled(request, rocm_form_on_cpu):
+    feature, name = request.param
+    target = TARGETS[name]
+    if target not in ("cpu", "cuda:sm_90"):
+        target = rocm_form_on_cpu(target)
+    layer = MoE.random(_cfg(**FEATURES[feature]), seed=3)
     if target == "cuda:sm_90":  # the Triton kernels under the interpreter
         return layer, mxmoe.compile(layer, target=target, entries="all", interpret=True)
     return layer, mxmoe.compile(layer, target=target, entries="all")
