@@ -39,7 +39,7 @@ def _shared(self, x):
 #: entry name -> the forward that computes it (named arguments: torch.export maps dynamic dims by them).
 #: Besides the three entries of ``config.entries``, a layer with a shared expert has "modular_routed" (the
 #: modular entry without it) and "shared" (the shared expert alone), for engines that run it on other input.
-ENTRY_METHODS = {"layer": None, "monolithic": _monolithic, "modular": _modular, "modular_routed": _modular_routed,
+ENTRY_METHODS = {"layer": MoE.forward, "monolithic": _monolithic, "modular": _modular, "modular_routed": _modular_routed,
                  "shared": _shared}
 
 
@@ -52,8 +52,10 @@ def entry_module(layer: MoE, entry: str) -> torch.nn.Module:
                          f"{', '.join(layer.config.entries)}")
     if entry in ("modular_routed", "shared") and not layer.config.shared_intermediate:
         raise ValueError(f"entry {entry!r} needs a layer with a shared expert")
-    if entry == "layer":
+    if entry == "layer" and type(layer).forward is MoE.forward:
         return layer
+    # a drop-in block (convert's GptOssMoE, HFMoEBlock) keeps its model's call signature in forward; its compiled
+    # entries have the interface's (docs/interface.md): the layer entry is x -> out
     cls = type(f"{type(layer).__name__}_{entry}", (type(layer),), {"forward": ENTRY_METHODS[entry]})
     view = copy.copy(layer)
     view.__class__ = cls

@@ -137,3 +137,21 @@ def test_input_checks():
         model["mlp"](torch.zeros(1, 2, 32))
     with pytest.raises(ValueError, match="does not match the layer's dtype"):
         model["mlp"](torch.zeros(1, 2, H, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda:sm_90"])
+def test_a_converted_block_compiles_with_the_interface_entries(target):
+    """mxmoe.compile of the drop-in block: its forward keeps GptOssMLP's (out, scores) signature, its compiled
+    layer entry is the interface's x -> out (the cuda target under Triton's interpreter)."""
+    import mxmoe
+
+    if target.startswith("cuda"):
+        pytest.importorskip("triton")
+    model = nn.ModuleDict({"mlp": _mlp(seed=3, dtype=torch.bfloat16)})
+    convert(model)
+    block = model["mlp"]
+    cm = mxmoe.compile(block, target=target, **({"interpret": True} if target.startswith("cuda") else {}))
+    assert [s.name for s in cm.outputs] == ["out0"] and len(cm.outputs) == 1
+    x = _x(torch.bfloat16, shape=(7, H), seed=4)
+    out, ref = cm(x).float(), block(x)[0].float()
+    assert float((out - ref).abs().max() / ref.abs().max()) < 2e-2
