@@ -504,8 +504,12 @@ def _shared_expert(spec: LayerSpec, layout: Layout, cls: str, s13: TileConfig, s
     return launches
 
 
-#: tiles of the dense shared expert's GEMMs (``dense_glu`` / ``dense_out``): BLOCK_M the class's, at most 64
+#: tiles of the dense shared expert's GEMMs (``dense_glu`` / ``dense_out``): BLOCK_M the class's, at most 64.
+#: BLOCK_K is the same in every class (the sums' order, so batch invariance, does not depend on the token count);
+#: classes of 16-row tiles (few tokens) take narrow column tiles and a deeper pipeline: the weights are the
+#: traffic, and 64 columns gave a qwen1.5-moe-sized expert (I = 5632) fewer programs than the H100 has SMs
 DENSE_BLOCK_N, DENSE_BLOCK_K = 64, 64
+DENSE_FEW_TOKENS_BLOCK_N, DENSE_FEW_TOKENS_STAGES = 16, 4
 
 
 def _dense_shared(spec: LayerSpec, cls: str, s13: TileConfig, slot_rows: bool, kernels: _Kernels) -> list[Launch]:
@@ -514,20 +518,21 @@ def _dense_shared(spec: LayerSpec, cls: str, s13: TileConfig, slot_rows: bool, k
     accumulator, or (slot-row classes) written to the shared rows the deterministic combine adds with weight 1."""
     H, S = spec.hidden, spec.shared_intermediate
     bm = min(64, max(16, s13.BLOCK_M))
+    bn, stages = (DENSE_FEW_TOKENS_BLOCK_N, DENSE_FEW_TOKENS_STAGES) if bm == 16 else (DENSE_BLOCK_N, 2)
     common = dict(IEEE_FP32=spec.dtype == "float32", ROUND_BF16=spec.dtype == "bfloat16", BLOCK_M=bm,
-                  BLOCK_N=DENSE_BLOCK_N, BLOCK_K=DENSE_BLOCK_K)
+                  BLOCK_N=bn, BLOCK_K=DENSE_BLOCK_K)
     glu = kernels.add(f"dense_glu.{bm}", "dense_glu", [
         Arg.input("x_ptr"), Arg.param("w_ptr", spec.shared_w13.name), Arg.buffer("act_ptr", "shared_dense_act"),
         Arg.scalar("num_tokens", "T")],
         dict(HIDDEN=H, INTERMEDIATE=S, SWIGLU_OAI=spec.activation == "swiglu_oai",
-             ACTIVATION=ACTIVATIONS[spec.activation], ALPHA=spec.alpha, LIMIT=spec.limit, **common), 4, 2)
+             ACTIVATION=ACTIVATIONS[spec.activation], ALPHA=spec.alpha, LIMIT=spec.limit, **common), 4, stages)
     gate = Arg.buffer("gate_ptr", "shared_weights") if spec.shared_gate else Arg.none("gate_ptr")
     out = kernels.add(f"dense_out.{bm}", "dense_out", [
         Arg.buffer("a_ptr", "shared_dense_act"), Arg.param("w_ptr", spec.shared_w2.name), gate,
         Arg.buffer("out_ptr", "shared_rows" if slot_rows else "accumulator"), Arg.scalar("num_tokens", "T")],
-        dict(HIDDEN=H, INTERMEDIATE=S, GATED=spec.shared_gate, ADD=not slot_rows, **common), 4, 2)
-    return [Launch(glu, (f"cdiv(T, {bm})", f"cdiv({S}, {DENSE_BLOCK_N})")),
-            Launch(out, (f"cdiv(T, {bm})", f"cdiv({H}, {DENSE_BLOCK_N})"))]
+        dict(HIDDEN=H, INTERMEDIATE=S, GATED=spec.shared_gate, ADD=not slot_rows, **common), 4, stages)
+    return [Launch(glu, (f"cdiv(T, {bm})", f"cdiv({S}, {bn})")),
+            Launch(out, (f"cdiv(T, {bm})", f"cdiv({H}, {bn})"))]
 
 
 def _gated_in_combine(spec: LayerSpec) -> bool:
