@@ -199,9 +199,9 @@ def _drop_dead_consumers(gm: fx.GraphModule) -> None:
                 changed = True
 
 
-#: ops that stay at a layer's edges (the token reshapes and the shape arithmetic feeding them)
-_EDGE_METHODS = {"view", "reshape", "flatten", "size", "dim", "contiguous"}
-_EDGE_FUNCTIONS = {torch.reshape, torch.flatten, operator.floordiv, operator.mul, torch._C._nn.pad}
+#: tensor ops that stay at a layer's edges: the token reshapes (shape arithmetic gives no tensor, so stays too)
+_EDGE_METHODS = {"view", "reshape", "flatten", "contiguous"}
+_EDGE_FUNCTIONS = {torch.reshape, torch.flatten}
 
 
 def _layer_of(node: fx.Node) -> Optional[str]:
@@ -214,13 +214,9 @@ def _layer_of(node: fx.Node) -> Optional[str]:
 
 
 def _growable(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target not in _EDGE_METHODS
-    if node.op != "call_function":
-        return False
-    if node.target in _EDGE_FUNCTIONS:  # a mul of sizes, not of tensors, is shape arithmetic
-        return node.target is operator.mul and isinstance(_meta_value(node), torch.Tensor)
-    return isinstance(_meta_value(node), torch.Tensor)
+    """A tensor-valued op that may join its layer's region (not a reshape at the layer's edge)."""
+    edges = {"call_method": _EDGE_METHODS, "call_function": _EDGE_FUNCTIONS}.get(node.op)
+    return edges is not None and node.target not in edges and isinstance(_meta_value(node), torch.Tensor)
 
 
 def _region_nodes(gm: fx.GraphModule) -> set[fx.Node]:
@@ -229,11 +225,12 @@ def _region_nodes(gm: fx.GraphModule) -> set[fx.Node]:
     users are region nodes (the shared expert's w13 linear, its gate, an fp32 router's cast, new_zeros ids)."""
     region = {n for n in gm.graph.nodes if _supported(n)}
     owner = {n: _layer_of(n) for n in gm.graph.nodes}
+    candidates = [n for n in gm.graph.nodes if owner[n] is not None and n not in region and _growable(n)]
     grown = True
     while grown:
         grown = False
-        for n in gm.graph.nodes:
-            if n in region or owner[n] is None or not _growable(n):
+        for n in candidates:
+            if n in region:
                 continue
             reads = any(a in region and owner[a] == owner[n] for a in n.all_input_nodes)
             feeds = bool(n.users) and all(u in region and owner[u] == owner[n] for u in n.users)
