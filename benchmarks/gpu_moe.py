@@ -223,13 +223,6 @@ def is_gpt_oss_semantics(cfg) -> bool:
             and not cfg.shared_intermediate and not cfg.apply_router_weight_on_input)
 
 
-def routed_ids(F, layer, x):
-    """The experts ``layer``'s own routing picks for ``x`` (group-limited and biased routings included)."""
-    cfg = layer.config
-    logits = F.linear(x.float() if cfg.router_fp32 else x, layer.router_weight, layer.router_bias)
-    return layer._route(logits)[1]
-
-
 def sample_tokens(torch, T: int, H: int):
     """The benchmark's [T, H] bf16 hidden states on the GPU, drawn from a generator seeded with T: the same
     tokens (so the same experts) for a row whichever other rows a run asks for, in every mode."""
@@ -298,7 +291,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
             for T in tokens:
                 x = sample_tokens(torch, T, H)
                 with torch.no_grad():
-                    used = int(torch.unique(routed_ids(F, layer, x)).numel())
+                    used = int(torch.unique(layer.route_tokens(x)[1]).numel())  # its own routing
                     out = ex(x)
                     if gpt_oss_semantics:
                         ref = torch_baseline(torch, F, layer, x, lut) if check or baseline else None

@@ -34,13 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from mxmoe.core.config import MXFP4_BLOCK
 from mxmoe.core.weights import MoEWeights
-from mxmoe.torch_frontend import ops
-from mxmoe.torch_frontend.moe import MoE
+from mxmoe.torch_frontend.moe import MoE, route_tokens
 
 #: torch >= 2.12 calls it all_gather_single (all_gather_into_tensor warns there); the GPU machines run 2.11
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -245,11 +243,7 @@ class ShardedMoE(nn.Module):
 
     def _route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole layer's routing of this rank's tokens (the same as ``MoE.forward_with_routing``)."""
-        cfg = self.config
-        src = tokens.float() if cfg.router_fp32 else tokens
-        logits = F.linear(src, self.router_weight, self.router_bias)
-        return ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize, self.score_bias, cfg.n_group,
-                         cfg.topk_group, cfg.routed_scaling_factor)
+        return route_tokens(self.config, tokens, self.router_weight, self.router_bias, self.score_bias)
 
     # ---------------------------------------------------------------------------------- forward
     @_outside_the_graph

@@ -25,6 +25,21 @@ _EXACT_NAMES = ("w13", "w13_scale", "w2", "w2_scale", "expert_map", "shared_w13_
 _FLOAT_NAMES = ("router_weight", "router_bias", "w13_bias", "w2_bias", "shared_gate_weight")
 
 
+def route_tokens(config: MoEConfig, tokens: torch.Tensor, router_weight: torch.Tensor,
+                 router_bias: Optional[torch.Tensor], score_bias: Optional[torch.Tensor]):
+    """``(weights [T, k] fp32, ids [T, k])``: the layer's router on ``tokens`` [T, H] (DeepSeek-V3's router_fp32:
+    fp32 products of the held weights, logits not rounded), then its routing. Shared by :class:`MoE` and the
+    sharded layers of mxmoe.distributed, which hold the router without the experts."""
+    logits = F.linear(tokens.float() if config.router_fp32 else tokens, router_weight, router_bias)
+    return route_logits(config, logits, score_bias)
+
+
+def route_logits(config: MoEConfig, logits: torch.Tensor, score_bias: Optional[torch.Tensor]):
+    """``(weights [T, k] fp32, ids [T, k])`` of the router's ``logits`` [T, E_global] by the config's routing."""
+    return ops.route(logits, config.top_k, config.routing, config.renormalize, score_bias, config.n_group,
+                     config.topk_group, config.routed_scaling_factor)
+
+
 class MoE(nn.Module):
     """An MXFP4 MoE layer (gpt-oss and its kind) with its expert weights held as uint8 buffers.
 
@@ -161,22 +176,19 @@ class MoE(nn.Module):
 
     def forward_with_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output (``x``'s shape) and each token's top-k routing weights ``[T, k]`` (fp32)."""
-        cfg = self.config
         tokens = self._tokens(x)
         if self.router_weight is None:
             raise ValueError(f"{type(self).__name__}: this layer has no router (config.router is False); call "
                              "monolithic(x, router_logits) or modular(x, topk_weights, topk_ids)")
-        if cfg.router_fp32:  # DeepSeek-V3's router: fp32 products of the held weights, logits not rounded
-            logits = F.linear(tokens.float(), self.router_weight, self.router_bias)
-        else:
-            logits = F.linear(tokens, self.router_weight, self.router_bias)
-        weights, ids = self._route(logits)
+        weights, ids = self.route_tokens(tokens)
         return self._experts(tokens, weights, ids).reshape(x.shape), weights
 
+    def route_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routing weights and global ids of ``tokens`` [T, H] by the layer's own router."""
+        return route_tokens(self.config, tokens, self.router_weight, self.router_bias, self.score_bias)
+
     def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.config
-        return ops.route(logits, cfg.top_k, cfg.routing, cfg.renormalize, self.score_bias, cfg.n_group,
-                         cfg.topk_group, cfg.routed_scaling_factor)
+        return route_logits(self.config, logits, self.score_bias)
 
     def monolithic(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The output for hidden states ``x`` and the router's logits ``[T, E_global]`` (the engine's router)."""

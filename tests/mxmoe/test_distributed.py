@@ -140,7 +140,7 @@ def _rank_order_sums(case, ep: int, tp: int) -> list[torch.Tensor]:
 
     layer = _layer(case)
     xs = _tokens(case["counts"], seed=case.get("seed", 0), dtype=case.get("dtype", "bfloat16"))
-    routed = [layer._route(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias)) for x in xs]
+    routed = [layer.route_tokens(x) for x in xs]
     x_all = torch.cat(xs)
     w_all, ids_all = torch.cat([w for w, _ in routed]), torch.cat([i for _, i in routed]).to(torch.int32)
     parts = [MoE(shard_weights(layer.to_weights(), ShardSpec(ep, tp, q)), dtype=layer.dtype)
@@ -417,7 +417,7 @@ def _parts_add_up(ep: int, tp: int, target: str, device: str, tokens=(1, 9, 70),
     for t in tokens:
         x = _tokens([t], h=128, seed=t)[0].to(device)
         with torch.no_grad():
-            weights, ids = layer._route(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias))
+            weights, ids = layer.route_tokens(x)
             want = layer.modular(x, weights, ids, shared=False).float()
             got = sum(part._experts(x, weights, ids).float() for part in parts)
         assert float((got - want).abs().max() / want.abs().max()) < TOL, (ep, tp, t)
