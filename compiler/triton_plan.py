@@ -176,13 +176,18 @@ def _producer(v: ir.Value, name: str | tuple[str, ...]) -> ir.Operation | None:
     return op if op is not None and op.name in names else None
 
 
-def _to_f32(v: ir.Value, matched: set) -> ir.Value:
-    """``v`` before a ``.float()`` (an aten.to.dtype, as the reference casts fp32 weights to fp32)."""
-    op = _producer(v, "torch.aten.to.dtype")
+def _before(v: ir.Value, name: str, matched: set) -> ir.Value:
+    """``v`` before the op of kind ``name`` that produces it (recorded in ``matched``), or ``v`` if none does."""
+    op = _producer(v, name)
     if op is not None:
         matched.add(_key(op))
         return op.operands[0]
     return v
+
+
+def _to_f32(v: ir.Value, matched: set) -> ir.Value:
+    """``v`` before a ``.float()`` (an aten.to.dtype, as the reference casts fp32 weights to fp32)."""
+    return _before(v, "torch.aten.to.dtype", matched)
 
 
 def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> LayerSpec:
@@ -428,11 +433,7 @@ def match_layer(module_op: ir.Operation, func: ir.Operation | None = None) -> La
 
 def _selected(v: ir.Value, matched: set) -> ir.Value:
     """``v`` before ``select(0, 0)`` (the engine-shaped [1, N, K] weight of a shared expert, read as [N, K])."""
-    op = _producer(v, "torch.aten.select.int")
-    if op is not None:
-        matched.add(_key(op))
-        return op.operands[0]
-    return v
+    return _before(v, "torch.aten.select.int", matched)
 
 
 def _match_dense_shared(ops, glu, x, matched: set, weight, fields: dict) -> tuple[ir.Value, ir.Operation, int]:
