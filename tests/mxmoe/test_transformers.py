@@ -241,33 +241,21 @@ BF16_OPERANDS = 2e-2
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
-def test_converted_blocks_are_one_triton_region_each(family, monkeypatch):
+def test_converted_blocks_are_one_triton_region_each(family, monkeypatch, convert_and_compile):
     """``convert`` + ``torch.compile`` on a cuda model: each converted block, with its bf16 shared expert and that
     expert's sigmoid gate (Qwen2-MoE) or an fp32 layer's no-op ``x.float()`` before its fp32 router (DeepSeek-V3),
     is one region the Triton path runs. Here on the CPU with the kernels under the interpreter; the H100 test is
     tests/mxmoe/test_transformers_gpu.py."""
     pytest.importorskip("triton")
-    import copy
-
     from mxmoe.compiler import api as compiler_api
     from mxmoe.torch_frontend import backend as B
-    from mxmoe.torch_frontend import convert
     from mxmoe.transformers.families import tiny_model
 
     monkeypatch.setattr(B, "target_for", lambda device: "cuda:sm_90")
     real = compiler_api.compile_program
     monkeypatch.setattr(compiler_api, "compile_program",
                         lambda ep, target, **kw: real(ep, target=target, interpret=True))
-    model = tiny_model(family)
-    mt.quantize_experts(model, compile=False)
-    mt.dequantize_experts(model)
-    model.set_experts_implementation("eager")
-    converted = copy.deepcopy(model)
-    report = convert(converted)
-    assert report.replaced and not report.skipped, str(report)
-    B.reset()
-    torch._dynamo.reset()
-    f = torch.compile(converted, backend="mxmoe", options={"fallback": "raise", "cache_dir": None, "rest": "eager"})
+    model, f, report = convert_and_compile(tiny_model(family), rest="eager")
     ids = _ids(12, seed=3)
     with torch.no_grad():
         rel = _rel(f(ids).logits.float(), model(ids).logits.float())

@@ -10,7 +10,6 @@ decisive (its top two logits further apart than that tolerance).
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -79,20 +78,10 @@ def test_experts_implementation_on_cuda(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_convert_and_torch_compile_on_cuda(family):
-    import mxmoe.transformers as mt
-    from mxmoe.torch_frontend import backend, convert
+def test_convert_and_torch_compile_on_cuda(family, convert_and_compile):
+    from mxmoe.torch_frontend import backend
 
-    model = _tiny(family)
-    mt.quantize_experts(model, compile=False)
-    mt.dequantize_experts(model)     # MXFP4 values: converting quantizes them exactly
-    model.set_experts_implementation("eager")
-    converted = copy.deepcopy(model)
-    report = convert(converted)
-    assert report.replaced and not report.skipped, str(report)
-    backend.reset()
-    torch._dynamo.reset()
-    compiled = torch.compile(converted, backend="mxmoe", options={"fallback": "raise", "cache_dir": None})
+    model, compiled, report = convert_and_compile(_tiny(family))
     for t in (12, 5):
         ids = torch.randint(3, 200, (1, t), device="cuda", generator=torch.Generator("cuda").manual_seed(t))
         with torch.no_grad():
