@@ -54,6 +54,24 @@ def near_tie_tokens():
     return _near_tie_tokens
 
 
+def _widen_scales(layer, seed: int = 0):
+    """Each scale byte of ``layer``'s routed experts lowered by 0-14 (random per group, kept >= 1): rows whose
+    groups span up to 15 binades, as the sm_90 w4a8 decode's fold and flush rules see them."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in ("w13_scale", "w2_scale"):
+            s = getattr(layer, name)
+            s.copy_((s.int() - torch.randint(0, 15, s.shape, generator=g)).clamp(min=1).to(s.dtype))
+
+
+@pytest.fixture
+def widen_scales():
+    """``widen_scales(layer)``: spread each weight row's scale bytes over 15 binades, in place."""
+    return _widen_scales
+
+
 @pytest.fixture
 def linalg_matvec(monkeypatch):
     """Compile the cpu target without its C microkernel (``MXMOE_CPU_UKERNEL=0``): the pure-linalg matvec

@@ -329,6 +329,11 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
     expert's rows: 0 in a class that has no use for them)."""
     E, k, H, I, S = spec.num_experts, spec.top_k, spec.hidden, spec.intermediate, spec.shared_intermediate
     experts_pow2 = _pow2(E)
+    # the sm_90 w4a8 form pads its activation rows to whole K steps (one step for all classes: one quantizer)
+    hopper_k = {e.constexprs.get("HOPPER_K", 0) for e in kernels.values() if e.kernel == "mxfp8_quant"} or {0}
+    if len(hopper_k) > 1:
+        raise PlanError(f"the sm_90 w4a8 GEMMs of one plan must share their K step, got {sorted(hopper_k)}")
+    step = hopper_k.pop() or 1
     buffers = {
         "router_partials": Buffer("float32", ("RS", "T", max(16, _pow2(spec.experts_routed)))),
         "routing_weights": Buffer("float32", ("T", k)),
@@ -341,10 +346,11 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         "block_start": Buffer("int32", ("NB",)),
         "activations": Buffer("bfloat16", (f"T * {k}", I)),
         # the w4a8 form: the hidden states and the GLU output as MXFP8 (e4m3 bytes, scale bytes)
-        "x_q": Buffer("uint8", ("T", H)),
+        "x_q": Buffer("uint8", ("T", -(-H // step) * step)),
         "x_scales": Buffer("uint8", ("T", H // 32)),
-        "activations_q": Buffer("uint8", (f"T * {k}", I)),
+        "activations_q": Buffer("uint8", (f"T * {k}", -(-I // step) * step)),
         "activations_scales": Buffer("uint8", (f"T * {k}", I // 32)),
+        "glu_output": Buffer(spec.dtype, (f"T * {k}", I)),
         # the few-token classes' router counts its programs here (router_route_group / _scatter)
         "route_counter": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1",), "zeros"),
         # ... and with router_route_scatter each routed token block counts its pairs per expert, with their
@@ -414,8 +420,12 @@ def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | N
     if shared:
         launches += _shared_expert(spec, layout, name, s13, s2, slot_rows, kernels)
     if spec.routed and activations == "mxfp8":
-        launches += [_quantize_x(spec, arch, kernels), _glu_gemm_w4a8(spec, arch, name, c13, kernels),
-                     _combine_gemm_w4a8(spec, arch, name, c2, fuse_cast, slot_rows, kernels)]
+        launches += [_quantize("x", "x", "T", spec.hidden, arch, c13.BLOCK_K, kernels),
+                     _glu_gemm_w4a8(spec, arch, name, c13, kernels)]
+        if arch < 100:
+            launches.append(_quantize("glu_output", "activations", f"T * {k}", spec.intermediate, arch, c2.BLOCK_K,
+                                      kernels))
+        launches.append(_combine_gemm_w4a8(spec, arch, name, c2, fuse_cast, slot_rows, kernels))
     elif spec.routed:
         launches.append(_glu_gemm(spec, layout, name, c13, kernels))
         launches.append(_combine_gemm(spec, layout, name, c2, fuse_cast, slot_rows, kernels))
@@ -802,24 +812,25 @@ def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fu
 
 
 # ------------------------------------------------------------------------------------ the w4a8 form
-#: rows x columns per program of the hidden states' MXFP8 quantizer (``mxfp8_quant``)
-QUANT_BLOCK_R, QUANT_BLOCK_C = 16, 256
+#: rows x columns per program of the MXFP8 quantizer (``mxfp8_quant``); on sm_90 a program holds whole rows, up
+#: to QUANT_ROW_VALUES values
+QUANT_BLOCK_R, QUANT_BLOCK_C, QUANT_ROW_VALUES = 16, 256, 8192
 
 
-def _fold(arch: int) -> int:
-    """Scale groups the MXFP8 quantizers fold onto one scale: the Hopper w4a8 K step (``_w4a8_kernels``)."""
-    from ._w4a8_kernels import HOPPER_FOLD
-
-    return 1 if arch >= 100 else HOPPER_FOLD
-
-
-def _quantize_x(spec: LayerSpec, arch: int, kernels: _Kernels) -> Launch:
-    """The hidden states [T, H] -> MXFP8 (``x_q``, ``x_scales``), once per forward before the w13 GEMM."""
-    block_c = min(QUANT_BLOCK_C, _pow2(spec.hidden))
-    entry = kernels.add("mxfp8_quant.x", "mxfp8_quant", [
-        Arg.input("x_ptr"), Arg.buffer("q_ptr", "x_q"), Arg.buffer("s_ptr", "x_scales"), Arg.scalar("num_rows", "T")],
-        dict(COLS=spec.hidden, FOLD=_fold(arch), BLOCK_R=QUANT_BLOCK_R, BLOCK_C=block_c), 4, 1)
-    return Launch(entry, (f"cdiv(T, {QUANT_BLOCK_R})", f"cdiv({spec.hidden}, {block_c})"))
+def _quantize(src: str, dst: str, rows: str, cols: int, arch: int, block_k: int, kernels: _Kernels) -> Launch:
+    """``src`` [rows, cols] -> MXFP8 (``dst``_q e4m3 bytes, ``dst``_scales bytes). sm_100: the OCP blocks as they
+    are. sm_90: the groups of each row folded onto its largest scale (``FOLD``) and the bytes in the order of the
+    Hopper w4a8 loop's K steps of ``block_k`` (``_w4a8_kernels``), so one program spans a row."""
+    if arch >= 100:
+        block_r, block_c, fold, hopper_k = QUANT_BLOCK_R, min(QUANT_BLOCK_C, _pow2(cols)), 1, 0
+    else:
+        block_c = _pow2(cols)
+        block_r, fold, hopper_k = max(1, QUANT_ROW_VALUES // block_c), block_c // 32, block_k
+    entry = kernels.add(f"mxfp8_quant.{src}", "mxfp8_quant", [
+        Arg.input("x_ptr") if src == "x" else Arg.buffer("x_ptr", src), Arg.buffer("q_ptr", f"{dst}_q"),
+        Arg.buffer("s_ptr", f"{dst}_scales"), Arg.scalar("num_rows", rows)],
+        dict(COLS=cols, FOLD=fold, BLOCK_R=block_r, BLOCK_C=block_c, HOPPER_K=hopper_k), 4, 1)
+    return Launch(entry, (f"cdiv({rows}, {block_r})", f"cdiv({cols}, {block_c})"))
 
 
 def _glu_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, kernels: _Kernels) -> Launch:
@@ -828,11 +839,15 @@ def _glu_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, kernel
     consts = dict(HIDDEN=spec.hidden, INTERMEDIATE=spec.intermediate, TOP_K=spec.top_k,
                   HAS_BIAS=spec.w13_bias is not None, INTERLEAVED=spec.interleaved,
                   SWIGLU_OAI=spec.activation == "swiglu_oai", ALPHA=spec.alpha, LIMIT=spec.limit,
-                  ROUND_BF16=spec.dtype == "bfloat16", **_w4a8_tile(cfg, arch), FOLD=_fold(arch))
+                  ROUND_BF16=spec.dtype == "bfloat16", **_w4a8_tile(cfg, arch))
+    if arch >= 100:
+        out = [Arg.buffer("actq_ptr", "activations_q"), Arg.buffer("acts_ptr", "activations_scales"),
+               Arg.none("act_ptr", spec.dtype)]
+    else:  # sm_90: the GLU output in the layer's dtype, quantized by the next launch
+        out = [Arg.none("actq_ptr", "uint8"), Arg.none("acts_ptr", "uint8"), Arg.buffer("act_ptr", "glu_output")]
     entry = kernels.add(f"glu_gemm_w4a8.{cls}", "glu_gemm_w4a8", [
         Arg.buffer("xq_ptr", "x_q"), Arg.buffer("xs_ptr", "x_scales"), Arg.param("w_ptr", spec.w13.name),
-        Arg.param("s_ptr", spec.w13_scale.name), _weight("bias_ptr", spec.w13_bias),
-        Arg.buffer("actq_ptr", "activations_q"), Arg.buffer("acts_ptr", "activations_scales"), *_GROUPS],
+        Arg.param("s_ptr", spec.w13_scale.name), _weight("bias_ptr", spec.w13_bias), *out, *_GROUPS],
         consts, cfg.num_warps, cfg.num_stages)
     return Launch(entry, ("NB", f"cdiv({2 * spec.intermediate}, {cfg.BLOCK_N})"))
 

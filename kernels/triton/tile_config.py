@@ -236,23 +236,23 @@ def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_versio
 
 
 #: Tiles of the w4a8 form (``activations="mxfp8"``, ``_w4a8_kernels``) per arch family and class: (BLOCK_M,
-#: BLOCK_N, BLOCK_K, warps, stages, GROUP_M). Compile-only picks (nothing timed yet), held to what the native
-#: paths need:
+#: BLOCK_N, BLOCK_K, warps, stages, GROUP_M), held to what the native paths need:
 #:
 #: * sm_100: the block-scaled tcgen05 MMA takes an M operand of 128+ rows and 4 or 8 warps. Classes of 128+ token
 #:   rows put the tokens first; smaller ones swap (weights first, BLOCK_N = 128, tokens as the MMA's N: 16-64
 #:   run natively, 8 would not). K steps of 128 (4 scale groups). Tensor memory holds 512 fp32 columns: 128 x 256
 #:   and 256 x 128 accumulators fit, 256 x 256 does not (Triton then emits a kernel that traps).
 #: * sm_90: fp8 wgmma with the weights decoded in registers as its left operand (64 rows a warpgroup); K steps of
-#:   64 = 2 scale groups, the activations' groups folded in pairs by the quantizer (``HOPPER_FOLD``); the w13
-#:   GEMM's BLOCK_N / 2 must hold whole folded pairs (BLOCK_N >= 128). "large" keeps 128 token rows: at 256 the
-#:   w13 GEMM's accumulator and K-step product (2 x 128 x 256 fp32) spilled ~100 registers (SASS STL/LDL);
-#:   "mid" runs 8 warps (with 4 its w2 GEMM spilled a register).
+#:   128 (two MMAs of 64: the decode's two halves, ``_w4a8_kernels._hopper_fp8_weights``), one step for every class
+#:   (the quantizers lay the activations out by it). Timed on the H100 (2026-11-25, gpt-oss-20b / -120b, T = 512 -
+#:   16384): 256 token rows from 1024 tokens on (the decode of a weight tile serves twice the MMA work; 20b 4096
+#:   tokens 1.95 vs 2.42 ms at 128 rows, 16384 5.2 vs 7.6 ms; 120b 4096 2.82 vs 3.16 ms, 2048 2.52 vs 2.27 ms),
+#:   4 warps in "mid" (20b 512 tokens 427 vs 511 µs); K steps of 64 were 15-25% slower everywhere.
 W4A8_TILES = {
     100: {"gemv": (16, 128, 128, 4, 3, 0), "decode": (16, 128, 128, 4, 3, 0), "sparse": (32, 128, 128, 4, 3, 0),
           "mid": (64, 128, 128, 4, 3, 0), "prefill": (128, 256, 128, 8, 3, 0), "large": (256, 128, 128, 8, 3, 4)},
-    90: {"gemv": (16, 128, 64, 4, 4, 0), "decode": (16, 128, 64, 4, 4, 0), "sparse": (32, 128, 64, 4, 4, 0),
-         "mid": (64, 128, 64, 8, 4, 0), "prefill": (128, 128, 64, 8, 4, 0), "large": (128, 128, 64, 8, 4, 4)},
+    90: {"gemv": (16, 128, 128, 4, 4, 0), "decode": (16, 128, 128, 4, 4, 0), "sparse": (32, 128, 128, 4, 4, 0),
+         "mid": (64, 128, 128, 4, 4, 0), "prefill": (256, 128, 128, 8, 3, 0), "large": (256, 128, 128, 8, 3, 4)},
 }
 #: the smallest token tile the sm_100 block-scaled MMA takes as its M operand (smaller ones swap operands)
 NATIVE_MMA_M = 128
@@ -261,7 +261,7 @@ NATIVE_MMA_M = 128
 def w4a8_config(name: str, N: int, K: int, arch: int, gemm: str = "glu") -> TileConfig:
     """Tile of class ``name`` for the w4a8 GEMM ``gemm`` (output width ``N``, depth ``K``) on ``sm_<arch>``:
     :data:`W4A8_TILES`, BLOCK_N narrowed for small layers except where it is the native MMA's M operand
-    (sm_100 swapped tiles) or holds the Hopper fold (sm_90 w13), BLOCK_K never (it is the fold / scale step)."""
+    (sm_100 swapped tiles), BLOCK_K never (a multiple of the scale groups and of the sm_90 decode's halves)."""
     family = 100 if arch >= 100 else 90
     if name not in W4A8_TILES[family]:
         raise ValueError(f"unknown shape class {name!r} (known: {', '.join(W4A8_TILES[family])})")
@@ -271,6 +271,6 @@ def w4a8_config(name: str, N: int, K: int, arch: int, gemm: str = "glu") -> Tile
     if family == 100:
         floor = NATIVE_MMA_M if block_m < NATIVE_MMA_M else 64
     else:
-        floor = 128 if gemm == "glu" else 64
+        floor = 64
     block_n = max(floor, min(block_n, _pow2_at_least(N)))
     return TileConfig(block_m, block_n, block_k, warps, stages, GROUP_M=group_m)

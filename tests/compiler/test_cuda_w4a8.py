@@ -61,17 +61,22 @@ CASES = {
                          bias=False, router_bias=False), [4, 33], True, None),
     # every token on expert 5 (slot 0): most row blocks of the other experts are empty
     "one_expert": (dict(num_experts=8, top_k=2, hidden=64, intermediate=64), [2, 20], False, "one"),
+    # scale bytes spread over 15 binades within a row: the sm_90 decode's table at every shift, and its zeros for
+    # groups more than 11 binades under their row's largest scale
+    "wide_scales": (dict(num_experts=4, top_k=2, hidden=256, intermediate=192), [3, 40], False, "wide"),
 }
 
 
 @pytest.mark.parametrize("target", ["cuda:sm_100", "cuda:sm_90"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_interpreted_w4a8_matches_the_mxfp8_reference(case, target):
+def test_interpreted_w4a8_matches_the_mxfp8_reference(case, target, widen_scales):
     cfg_kw, tokens, outliers, tweak = CASES[case]
     layer = MoE.random(MoEConfig(**cfg_kw), seed=3)
     if tweak == "one":
         with torch.no_grad():
             layer.router_bias[5] += 100.0
+    elif tweak == "wide":
+        widen_scales(layer)
     cm = mxmoe.compile(layer, target=target, activations="mxfp8", interpret=True)
     assert cm.kernel_plan["options"]["activations"] == "mxfp8"
     assert cm.target.record(cm.code)["activations"] == "mxfp8"
@@ -92,9 +97,11 @@ def test_interpreted_w4a8_prefill_tile_on_sm100():
 
 
 def test_quantizer_is_the_reference_rounding():
-    """The in-kernel MXFP8 quantizer gives the reference's bits (FOLD=1); folded in pairs (the Hopper form) it
-    moves a value by at most 2^-10 of the pair's shared scale (an e4m3 subnormal half-step)."""
+    """The in-kernel MXFP8 quantizer gives the reference's bits (FOLD=1). In the sm_90 form (a whole row folded onto
+    its largest scale, bytes in the Hopper loop's K-step order, rows padded to whole steps with zeros) it moves a
+    value by at most 2^-10 of the row's scale (an e4m3 subnormal half-step)."""
     from mxmoe.core import mxfp4
+    from mxmoe.kernels.triton._w4a8_kernels import hopper_a_stride
     from mxmoe.kernels.triton.kernels import get_kernel, interpreter_scope
 
     g = torch.Generator().manual_seed(0)
@@ -103,17 +110,27 @@ def test_quantizer_is_the_reference_rounding():
     x[3, 5], x[4, :32], x[5, 40] = 1000.0, 0.0, 31.75 * 2.0 ** -6  # saturation, an empty block, a carry tie
     ref = mxfp4.mxfp8_round_trip(x.numpy())
     kernel = get_kernel("mxfp8_quant", interpret=True)
-    for fold in (1, 2):
-        q, s = torch.zeros(R, C, dtype=torch.uint8), torch.zeros(R, C // 32, dtype=torch.uint8)
-        with interpreter_scope():
-            kernel[(3, 2)](x, q, s, R, C, fold, 16, 128)
-        scale = 2.0 ** (s.numpy().astype(np.float32) - 127)
-        got = q.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(scale, 32, axis=1)
-        if fold == 1:
-            assert np.array_equal(got, ref)
-        else:
-            assert np.all(np.abs(got - ref) <= np.repeat(scale, 32, axis=1) * 2.0 ** -10)
-            assert np.all(s.numpy()[:, 0:4:2] == s.numpy()[:, 1:4:2])
+    q, s = torch.zeros(R, C, dtype=torch.uint8), torch.zeros(R, C // 32, dtype=torch.uint8)
+    with interpreter_scope():
+        kernel[(3, 2)](x, q, s, R, C, 1, 16, 128)
+    scale = np.repeat(2.0 ** (s.numpy().astype(np.float32) - 127), 32, axis=1)
+    assert np.array_equal(q.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale, ref)
+
+    step = 128
+    stride = hopper_a_stride(C, step)
+    q = torch.full((R, stride), 0x55, dtype=torch.uint8)
+    with interpreter_scope():
+        kernel[(R // 4 + 1, 1)](x, q, s, R, C, 8, 4, 256, step)
+    # column c of a step sits at (c % 8) // 4 * step / 2 + c // 8 * 4 + c % 4 of it
+    r = np.arange(stride) % step
+    where = np.arange(stride) - r + (r % 8) // 4 * (step // 2) + r // 8 * 4 + r % 4
+    got = q.numpy()[:, where]
+    assert np.all(got[:, C:] == 0)
+    scale = np.repeat(2.0 ** (s.numpy().astype(np.float32) - 127), 32, axis=1)
+    assert np.all(s.numpy() == s.numpy()[:, :1])
+    vals = got[:, :C].view(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale
+    assert np.all(np.abs(vals - ref) <= scale * 2.0 ** -10)
+    assert np.abs(vals - ref).max() > 0  # the fold does move the smallest values of the far-below blocks
 
 
 def test_w4a8_option_checks():

@@ -54,17 +54,22 @@ def _x(T, H, seed):
     return x.bfloat16()
 
 
-@pytest.mark.parametrize("model", ["gpt-oss-20b", "8,3,512,352"])
-def test_w4a8_matches_the_mxfp8_reference(model):
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "8,3,512,352", "8,3,512,352/wide"])
+def test_w4a8_matches_the_mxfp8_reference(model, widen_scales):
+    """``/wide``: each weight row's scale bytes spread over 15 binades (the sm_90 decode's table at every shift, and
+    its zeros for groups more than 11 binades under the row's largest scale)."""
     from mxmoe.core.config import preset
     from mxmoe.torch_frontend import MoE
 
+    model, wide = model.removesuffix("/wide"), model.endswith("/wide")
     if "," in model:
         E, k, H, I = map(int, model.split(","))
         cfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I)
     else:
         cfg = preset(model)
     layer = MoE.random(cfg, seed=0)
+    if wide:
+        widen_scales(layer)
     w = layer.to_weights()
     run = _module(model, layer)
     for T in (1, 8, 64, 512, 2048, 4096):
