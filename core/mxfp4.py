@@ -296,3 +296,29 @@ def mxfp8_round_trip(x: np.ndarray) -> np.ndarray:
     codes = np.clip(blocks * inv, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     scale = e8m0_to_float(byte.astype(np.uint8))
     return (codes * scale).reshape(x.shape)
+
+
+#: the sm_90 w4a8 form reads a weight scale group as zeros when its scale is more than this many binades under its
+#: row's largest (``mxmoe.kernels.triton._w4a8_kernels``: the e4m3 values of its fold stay normal up to it)
+ROW_FOLD_SPAN = 11
+
+
+def mxfp8_row_round_trip(x: np.ndarray) -> np.ndarray:
+    """:func:`mxfp8_round_trip` of ``x`` with each row's values (along the last axis) re-rounded to nearest even e4m3
+    on the row's largest block scale: what the sm_90 w4a8 form's quantizers compute (its fp8 MMAs take one scale
+    per row). Values keep their MXFP8 value except where it is under e4m3's normal range at the row's scale."""
+    x = np.asarray(x, dtype=np.float32)
+    v = mxfp8_round_trip(x)
+    amax = np.abs(x.reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK)).max(axis=-1)
+    top = np.maximum(((amax.view(np.int32) >> 23) & 0xFF) - E4M3_EMAX, 0).max(axis=-1, keepdims=True)
+    inv = ((254 - top) << 23).view(np.float32)
+    return (v * inv).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * e8m0_to_float(top.astype(np.uint8))
+
+
+def drop_far_groups(codes: np.ndarray, scales: np.ndarray, span: int = ROW_FOLD_SPAN) -> np.ndarray:
+    """A copy of packed MXFP4 ``codes`` [..., N, K/2] with the groups whose scale byte (``scales`` [..., N, K/32]) is
+    more than ``span`` under its row's largest set to zero codes: the weights the sm_90 w4a8 form computes with."""
+    s = np.asarray(scales).astype(np.int32)
+    out = np.array(codes, copy=True).reshape(*s.shape, MXFP4_BLOCK // 2)
+    out[s < s.max(axis=-1, keepdims=True) - span] = 0
+    return out.reshape(np.shape(codes))

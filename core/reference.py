@@ -8,6 +8,7 @@ output and the combined result; everything in between is fp32.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Mapping
 
@@ -37,16 +38,26 @@ def _round(a: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype, *, entry: str = "layer",
                     router_logits: np.ndarray | None = None, topk_weights: np.ndarray | None = None,
-                    topk_ids: np.ndarray | None = None, shared: bool = True, activations: str = "bf16") -> np.ndarray:
+                    topk_ids: np.ndarray | None = None, shared: bool = True, activations: str = "bf16",
+                    mx_fold: str = "block") -> np.ndarray:
     """The reference MoE in numpy; returns float32 of ``x``'s shape ([T, H] or [B, S, H]).
 
     ``entry``: "layer" (the layer's own router), "monolithic" (``router_logits`` [T, E_global]) or "modular"
     (``topk_weights`` [T, k] and global ``topk_ids`` [T, k]). ``shared=False`` leaves the shared expert out (an
     engine may run it elsewhere). ``activations="mxfp8"``: what a module compiled with that option computes: every
-    MXFP4 matmul reads its activations quantized to MXFP8 (``mxfp4.mxfp8_round_trip``)."""
+    MXFP4 matmul reads its activations quantized to MXFP8 (``mxfp4.mxfp8_round_trip``). With it, ``mx_fold="row"``
+    is what the cuda:sm_90 form computes: each activation row on its largest scale (``mxfp4.mxfp8_row_round_trip``)
+    and the routed experts' weight groups far under their row's largest scale read as zeros
+    (``mxfp4.drop_far_groups``)."""
     if activations not in ("bf16", "mxfp8"):
         raise ValueError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
-    quant = mxfp4.mxfp8_round_trip if activations == "mxfp8" else (lambda a: a)
+    if mx_fold not in ("block", "row") or (mx_fold == "row" and activations != "mxfp8"):
+        raise ValueError(f"mx_fold must be 'block', or 'row' with activations='mxfp8', got {mx_fold!r}")
+    quant = (lambda a: a) if activations == "bf16" else (
+        mxfp4.mxfp8_row_round_trip if mx_fold == "row" else mxfp4.mxfp8_round_trip)
+    if mx_fold == "row":
+        weights = dataclasses.replace(weights, w13=mxfp4.drop_far_groups(weights.w13, weights.w13_scale),
+                                      w2=mxfp4.drop_far_groups(weights.w2, weights.w2_scale))
     cfg, dt = weights.config, np.dtype(activation_dtype)
     shape = x.shape
     xs = _round(np.asarray(x, dtype=np.float32).reshape(-1, cfg.hidden), dt)

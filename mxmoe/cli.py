@@ -540,15 +540,22 @@ def _reference(args, mod, art, inputs, entry: str):
     stored, _ = parameter_arrays(art, args.weights, args.weight_set, args.layer)
     weights = weights_from_parameters(model, logical_parameters(art, stored))
     return _layer_reference(weights, entry, inputs, numpy_dtype(mod.inputs[0].dtype),
-                            prefer_torch=not args.numpy_reference,
-                            activations=art.target.get("activations", "bf16"))
+                            prefer_torch=not args.numpy_reference, activations=art.target.get("activations", "bf16"),
+                            mx_fold=reference_fold(art.target))
+
+
+def reference_fold(target: dict) -> str:
+    """The numpy reference's ``mx_fold`` for an artifact's target record: the sm_90 w4a8 form folds its MX scales
+    per row (docs/nvidia.md), every other form computes the OCP blocks as they are."""
+    return "row" if target.get("activations") == "mxfp8" and target.get("name") == "cuda:sm_90" else "block"
 
 
 #: an MoE entry's inputs after the hidden states, as the references name them (main: the layer entry's old name)
 _ENTRY_ARGS = {"layer": (), "main": (), "monolithic": ("router_logits",), "modular": ("topk_weights", "topk_ids")}
 
 
-def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch: bool, activations: str = "bf16"):
+def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch: bool, activations: str = "bf16",
+                     mx_fold: str = "block"):
     """(reference output of ``entry`` as float32, which implementation ran): mxmoe's torch layer where torch is
     installed, else the numpy reference (same semantics; a deploy box may have no torch). A w4a8 module
     (``activations="mxfp8"``) is compared with the numpy reference that rounds the activations to MXFP8 as it does:
@@ -582,10 +589,11 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
                     out = layer(xt)
             return out.float().numpy(), "torch"
     np_entry = "layer" if entry == "main" else entry
-    return numpy_reference(weights, x, activation_dtype, entry=np_entry, activations=activations,
+    return numpy_reference(weights, x, activation_dtype, entry=np_entry, activations=activations, mx_fold=mx_fold,
                            **{k: np.asarray(v) if k == "topk_ids" else np.asarray(v, np.float32)
-                              for k, v in extra.items()}), "numpy" + (" (MXFP8 activations)" if activations != "bf16"
-                                                                     else "")
+                              for k, v in extra.items()}), "numpy" + (
+        "" if activations == "bf16" else " (MXFP8 activations, per-row scales)" if mx_fold == "row"
+        else " (MXFP8 activations)")
 
 
 # ============================================================================================ inspect

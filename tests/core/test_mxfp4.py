@@ -212,3 +212,33 @@ def test_random_mxfp4_shapes_spread_and_std():
     again = mxfp4.random_mxfp4(7, (4, 64, 256), std=0.05)
     np.testing.assert_array_equal(again[0], packed)
     np.testing.assert_array_equal(again[1], scales)
+
+
+def test_drop_far_groups_zeroes_exactly_the_groups_past_the_span():
+    """The sm_90 w4a8 form's weights: a group 11 binades under its row's largest scale is kept, 12 is zeroed; other
+    rows and the scales are untouched."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(1, 256, size=(2, 3, 64), dtype=np.uint8)  # [E, N, K/2]: 4 groups a row
+    scales = np.full((2, 3, 4), 130, dtype=np.uint8)
+    scales[0, 1] = [140, 129, 128, 141]                            # row max 141: 129 is 12 under, 130 would be 11
+    scales[1, 2] = [5, 200, 189, 188]                              # 189 is 11 under 200 (kept), 188 and 5 are not
+    out = mxfp4.drop_far_groups(codes, scales)
+    groups = out.reshape(2, 3, 4, 16)
+    assert np.all(groups[0, 1, [1, 2]] == 0) and np.array_equal(groups[0, 1, [0, 3]],
+                                                                codes.reshape(2, 3, 4, 16)[0, 1, [0, 3]])
+    assert np.all(groups[1, 2, [0, 3]] == 0) and np.all(groups[1, 2, [1, 2]] != 0)
+    mask = np.ones((2, 3), bool)
+    mask[0, 1] = mask[1, 2] = False
+    assert np.array_equal(out.reshape(2, 3, 64)[mask], codes[mask])
+
+
+def test_mxfp8_row_round_trip_is_mxfp8_on_the_row_scale():
+    """Values of a row's top block are their MXFP8 values; a block far under it moves by at most half an e4m3
+    subnormal step at the row's scale (and its tiny values do move)."""
+    x = np.random.default_rng(1).standard_normal((3, 96)).astype(np.float32)
+    x[:, 32:64] *= 2.0 ** -12                                      # a block 12 binades under the others
+    x[:, 0] = 100.0                                                # the row's largest: scale 2^(6 - 8)
+    mx, row = mxfp4.mxfp8_round_trip(x), mxfp4.mxfp8_row_round_trip(x)
+    assert np.array_equal(row[:, :32], mx[:, :32])
+    assert np.all(np.abs(row - mx) <= 2.0 ** (6 - 8) * 2.0 ** -10)
+    assert np.any(row[:, 32:64] != mx[:, 32:64])

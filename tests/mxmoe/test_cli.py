@@ -149,6 +149,15 @@ def test_run_check_uses_the_reference_of_the_recorded_activations(capsys, tiny_a
     assert rc == 0 and "torch reference" in out
 
 
+def test_run_check_folds_the_reference_as_the_sm90_w4a8_form_does():
+    from mxmoe.cli import reference_fold
+
+    assert reference_fold({"name": "cuda:sm_90", "activations": "mxfp8"}) == "row"
+    for t in ({"name": "cuda:sm_100", "activations": "mxfp8"}, {"name": "rocm:gfx950", "activations": "mxfp8"},
+              {"name": "cuda:sm_90"}, {"name": "cpu"}):
+        assert reference_fold(t) == "block", t
+
+
 # ----------------------------------------------------------------------------------------- sources
 
 def test_compile_checkpoint_all_layers(capsys, ckpt, work):
