@@ -39,7 +39,7 @@ def _round(a: np.ndarray, dt: np.dtype) -> np.ndarray:
 def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dtype, *, entry: str = "layer",
                     router_logits: np.ndarray | None = None, topk_weights: np.ndarray | None = None,
                     topk_ids: np.ndarray | None = None, shared: bool = True, activations: str = "bf16",
-                    mx_fold: str = "block") -> np.ndarray:
+                    mx_fold: str = "block", glu_output: np.ndarray | None = None, return_glu: bool = False):
     """The reference MoE in numpy; returns float32 of ``x``'s shape ([T, H] or [B, S, H]).
 
     ``entry``: "layer" (the layer's own router), "monolithic" (``router_logits`` [T, E_global]) or "modular"
@@ -48,7 +48,12 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
     MXFP4 matmul reads its activations quantized to MXFP8 (``mxfp4.mxfp8_round_trip``). With it, ``mx_fold="row"``
     is what the cuda:sm_90 form computes: each activation row on its largest scale (``mxfp4.mxfp8_row_round_trip``)
     and the routed experts' weight groups far under their row's largest scale read as zeros
-    (``mxfp4.drop_far_groups``)."""
+    (``mxfp4.drop_far_groups``).
+
+    ``return_glu``: return (output, the GLU output [T, k, I] as the second GEMM reads it before quantizing).
+    ``glu_output`` [T, k, I]: use it instead of computing it, to check a module's second GEMM apart from its first:
+    with MXFP8 activations a GLU value within rounding of an e4m3 step boundary lands on either side, and the
+    second GEMM multiplies that step (1/16-1/8 of the value) into every output."""
     if activations not in ("bf16", "mxfp8"):
         raise ValueError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
     if mx_fold not in ("block", "row") or (mx_fold == "row" and activations != "mxfp8"):
@@ -83,11 +88,13 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
         x_in = xs
     h = _grouped(quant(x_in), ids, weights.w13, weights.w13_scale, weights.w13_bias, dt)      # [T, k, 2I]
     a = _round(glu(h, cfg, cfg.interleaved), dt)
+    if glu_output is not None:
+        a = _round(np.asarray(glu_output, np.float32).reshape(a.shape), dt)
     y = _grouped(quant(a), ids, weights.w2, weights.w2_scale, weights.w2_bias, dt)            # [T, k, H]
     out = _round((y * w[..., None].astype(np.float32)).sum(axis=1), dt)
     if shared and cfg.shared_intermediate:
         out = _round(out + shared_expert(weights, xs, dt, quant), dt)
-    return out.reshape(shape)
+    return (out.reshape(shape), a) if return_glu else out.reshape(shape)
 
 
 def route(logits: np.ndarray, cfg: MoEConfig, score_bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -217,12 +217,36 @@ def _hopper_fp8_weights(w, shift, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _hopper_k_step(acc_t, a8, w_base, s_ptr, expert, cols, col_mask, row_mask, top, k0, N: tl.constexpr,
+                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASK_K: tl.constexpr):
+    """One K step of the sm_90 loop: decode BLOCK_K weight columns to e4m3 and chain their two halves' MMAs into
+    ``acc_t``. MASK_K: the step may start past the activation rows' padded length (a promotion group's tail)."""
+    kb = tl.arange(0, BLOCK_K // 2)
+    w = tl.load(w_base + (k0 // 2 + kb)[None, :], mask=col_mask[:, None] & ((k0 // 2 + kb) < K // 2)[None, :],
+                other=0)
+    ws = _scale_tile(s_ptr, expert, cols, col_mask, k0, N, K, BLOCK_K).to(tl.int32)
+    w_lo, w_hi = _hopper_fp8_weights(w, ws - top[:, None] + TOP_SHIFT, BLOCK_N, BLOCK_K)
+    # the activation rows hold each half's columns contiguously, zeros past K (mxfp8_quant_kernel, HOPPER_K)
+    if MASK_K:
+        a_mask = row_mask[:, None] & (k0 < K)
+    else:
+        a_mask = row_mask[:, None]
+    a_lo = tl.load(a8 + (k0 + kb)[None, :], mask=a_mask, other=0.0)
+    a_hi = tl.load(a8 + (k0 + BLOCK_K // 2 + kb)[None, :], mask=a_mask, other=0.0)
+    acc_t = tl.dot(w_lo, tl.trans(a_lo), acc_t)
+    return tl.dot(w_hi, tl.trans(a_hi), acc_t)
+
+
+@triton.jit
 def _w4a8_mma_hopper(a_rows, a_scale_rows, row_mask, w_ptr, s_ptr, expert, cols, col_mask, N: tl.constexpr,
-                     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PROMOTE: tl.constexpr):
     """The sm_90 main loop: acc^T [BLOCK_N, BLOCK_M] fp32. Each weight row's scale groups are folded into its e4m3
     values relative to the row's largest scale (read once before the loop), each activation row comes on one scale
-    (the quantizer folded the whole row), so the loop is a plain chain of fp8 MMAs into one accumulator and both
-    scales are applied once at the end."""
+    (the quantizer folded the whole row), so the loop is a plain chain of fp8 MMAs and both scales are applied once
+    at the end. PROMOTE = 0: one chain over all of K into the accumulator; P > 0: chains of P K steps into a fresh
+    partial sum, each added to the fp32 accumulator (Hopper's fp8 MMA adds with fewer bits than fp32: the chain's
+    rounding grows with its length)."""
     KS: tl.constexpr = K // 32
     KS_P2: tl.constexpr = triton.next_power_of_2(KS)
     s_base = s_ptr + expert.to(tl.int64) * (N * KS) + cols.to(tl.int64)[:, None] * KS
@@ -231,34 +255,35 @@ def _w4a8_mma_hopper(a_rows, a_scale_rows, row_mask, w_ptr, s_ptr, expert, cols,
                  axis=1)
     # group 0 holds the row's one scale (a_scale_rows is [BLOCK_M, 1])
     a_scale = tl.reshape(tl.load(a_scale_rows, mask=row_mask[:, None], other=127), [BLOCK_M]).to(tl.int32)
-    kb = tl.arange(0, BLOCK_K // 2)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2) + cols.to(tl.int64)[:, None] * (K // 2)
     # loaded as e4m3 (no bitcast between the load and the MMA, so Triton's pipeline copies straight to the MMA's
     # shared layout)
     a8 = a_rows.to(tl.pointer_type(tl.float8e4nv))
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        w = tl.load(w_base + (k0 // 2 + kb)[None, :], mask=col_mask[:, None] & ((k0 // 2 + kb) < K // 2)[None, :],
-                    other=0)
-        ws = _scale_tile(s_ptr, expert, cols, col_mask, k0, N, K, BLOCK_K).to(tl.int32)
-        w_lo, w_hi = _hopper_fp8_weights(w, ws - top[:, None] + TOP_SHIFT, BLOCK_N, BLOCK_K)
-        # the activation rows hold each half's columns contiguously, zeros past K (mxfp8_quant_kernel, HOPPER_K)
-        a_lo = tl.load(a8 + (k0 + kb)[None, :], mask=row_mask[:, None], other=0.0)
-        a_hi = tl.load(a8 + (k0 + BLOCK_K // 2 + kb)[None, :], mask=row_mask[:, None], other=0.0)
-        acc_t = tl.dot(w_lo, tl.trans(a_lo), acc_t)
-        acc_t = tl.dot(w_hi, tl.trans(a_hi), acc_t)
+    if PROMOTE == 0:
+        for k0 in range(0, K, BLOCK_K):
+            acc_t = _hopper_k_step(acc_t, a8, w_base, s_ptr, expert, cols, col_mask, row_mask, top, k0, N, K,
+                                   BLOCK_N, BLOCK_K, False)
+    else:
+        MASK_K: tl.constexpr = PROMOTE > 1 and K % (BLOCK_K * PROMOTE) != 0
+        for k0 in range(0, K, BLOCK_K * PROMOTE):
+            part = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            for j in tl.static_range(PROMOTE):
+                part = _hopper_k_step(part, a8, w_base, s_ptr, expert, cols, col_mask, row_mask, top,
+                                      k0 + j * BLOCK_K, N, K, BLOCK_N, BLOCK_K, MASK_K)
+            acc_t += part
     return acc_t * _pow2(top - (127 + TOP_SHIFT))[:, None] * _pow2(a_scale - 127)[None, :]
 
 
 @triton.jit
 def _w4a8_mma(a_rows, a_scale_rows, row_mask, w_ptr, s_ptr, expert, cols, col_mask, N: tl.constexpr,
               K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              SWAP_AB: tl.constexpr, FP8_HOPPER: tl.constexpr):
+              SWAP_AB: tl.constexpr, FP8_HOPPER: tl.constexpr, PROMOTE: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] fp32 = mxfp8(a) @ mxfp4(W[cols])^T over all of K. ``a_rows`` / ``a_scale_rows``
     point at each row's e4m3 bytes / scale bytes; ``cols`` are the weight rows (output columns)."""
     if FP8_HOPPER:
         return tl.trans(_w4a8_mma_hopper(a_rows, a_scale_rows, row_mask, w_ptr, s_ptr, expert, cols, col_mask, N, K,
-                                         BLOCK_M, BLOCK_N, BLOCK_K))
+                                         BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE))
     kb = tl.arange(0, BLOCK_K // 2)
     w_base = w_ptr + expert.to(tl.int64) * (N * K // 2) + cols.to(tl.int64)[:, None] * (K // 2)
     if SWAP_AB:
@@ -291,7 +316,8 @@ def glu_gemm_w4a8_kernel(xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, actq_ptr, acts_
                          HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr,
                          ALPHA: tl.constexpr, LIMIT: tl.constexpr, ROUND_BF16: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, FP8_HOPPER: tl.constexpr):
+                         GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, FP8_HOPPER: tl.constexpr,
+                         PROMOTE: tl.constexpr = 0):
     """act = MXFP8(GLU(mxfp8(x[token]) @ w13[e]^T + b13[e])) in expert-sorted row order: e4m3 bytes
     [T*k, I] and scale bytes [T*k, I/32]. Columns and GLU as in ``glu_gemm_kernel``; the GLU output is rounded to
     bf16 first (ROUND_BF16, bf16 layers) as the reference rounds it, then quantized per 32 columns. The matmul's
@@ -307,7 +333,7 @@ def glu_gemm_w4a8_kernel(xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, actq_ptr, acts_
     XQ_STRIDE: tl.constexpr = (HIDDEN + BLOCK_K - 1) // BLOCK_K * BLOCK_K if FP8_HOPPER else HIDDEN
     acc = _w4a8_mma(xq_ptr + tokens[:, None] * XQ_STRIDE, xs_ptr + tokens[:, None] * (HIDDEN // 32), row_mask,
                     w_ptr, s_ptr, expert, cols, col_mask, 2 * INTERMEDIATE, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K,
-                    SWAP_AB, FP8_HOPPER)
+                    SWAP_AB, FP8_HOPPER, PROMOTE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * (2 * INTERMEDIATE) + cols, mask=col_mask, other=0.0)[None, :]
     if ROUND_BF16:  # the reference rounds the matmul's output and the GLU's to the layer dtype: a value off by
@@ -343,7 +369,8 @@ def combine_gemm_w4a8_kernel(actq_ptr, acts_ptr, w_ptr, s_ptr, bias_ptr, routing
                              HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
                              HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-                             FP8_HOPPER: tl.constexpr, FUSED_CAST: tl.constexpr, SLOT_ROWS: tl.constexpr):
+                             FP8_HOPPER: tl.constexpr, FUSED_CAST: tl.constexpr, SLOT_ROWS: tl.constexpr,
+                             PROMOTE: tl.constexpr = 0):
     """The w2 GEMM of the w4a8 form: out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]) with act
     the MXFP8 rows the w13 GEMM wrote; the combine (fp32 atomics, or SLOT_ROWS and FUSED_CAST) as in
     ``combine_gemm_kernel`` (no split K)."""
@@ -360,7 +387,7 @@ def combine_gemm_w4a8_kernel(actq_ptr, acts_ptr, w_ptr, s_ptr, bias_ptr, routing
     AQ_STRIDE: tl.constexpr = (INTERMEDIATE + BLOCK_K - 1) // BLOCK_K * BLOCK_K if FP8_HOPPER else INTERMEDIATE
     acc = _w4a8_mma(actq_ptr + rows64[:, None] * AQ_STRIDE, acts_ptr + rows64[:, None] * (INTERMEDIATE // 32),
                     row_mask, w_ptr, s_ptr, expert, cols, col_mask, HIDDEN, INTERMEDIATE, BLOCK_M, BLOCK_N, BLOCK_K,
-                    SWAP_AB, FP8_HOPPER)
+                    SWAP_AB, FP8_HOPPER, PROMOTE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * HIDDEN + cols, mask=col_mask, other=0.0)[None, :]
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)

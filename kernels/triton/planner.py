@@ -874,4 +874,4 @@ def _combine_gemm_w4a8(spec: LayerSpec, arch: int, cls: str, cfg: TileConfig, fu
 def _w4a8_tile(cfg: TileConfig, arch: int) -> dict[str, Any]:
     """A w4a8 GEMM's tile constants: sm_100 swaps the MMA's operands for token tiles under its 128-row M."""
     return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-                SWAP_AB=arch >= 100 and cfg.BLOCK_M < NATIVE_MMA_M, FP8_HOPPER=arch < 100)
+                SWAP_AB=arch >= 100 and cfg.BLOCK_M < NATIVE_MMA_M, FP8_HOPPER=arch < 100, PROMOTE=cfg.PROMOTE)

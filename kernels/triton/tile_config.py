@@ -33,6 +33,9 @@ class TileConfig:
     #: the w2 GEMM's K (I) split over this many programs that add their partial sums (Hopper path only;
     #: see ``HOPPER_COMBINE_SPLIT_K``)
     SPLIT_K: int = 1
+    #: sm_90 w4a8: K steps of fp8 MMAs chained into a fresh partial sum before it is added to the fp32 accumulator
+    #: (0 = one chain over all of K; see ``_w4a8_kernels._w4a8_mma_hopper``)
+    PROMOTE: int = 0
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -254,6 +257,12 @@ W4A8_TILES = {
     90: {"gemv": (16, 128, 128, 4, 4, 0), "decode": (16, 128, 128, 4, 4, 0), "sparse": (32, 128, 128, 4, 4, 0),
          "mid": (64, 128, 128, 4, 4, 0), "prefill": (256, 128, 128, 8, 3, 0), "large": (256, 128, 128, 8, 3, 4)},
 }
+#: sm_90 w4a8: K steps per fp32 promotion of the fp8 MMA chain, per class (``TileConfig.PROMOTE``; absent = 0, one
+#: chain over all of K). H200, 2026-11-27: promoting every step halves the small classes' error against the mxfp8
+#: reference (gpt-oss-20b, 1 / 8 / 64 tokens: 4.6e-3 / 8.4e-3 / 6.8e-3 against 9.2e-3 / 1.7e-2 / 1.1e-2) at +4 µs for
+#: one token and -2 to -6% at 8-64; mid spills 20-25 registers with it (11% slower at 512 tokens), prefill and large
+#: 150-170 (1.8x slower at 4096), so they keep one chain (docs/nvidia.md, the w4a8 form).
+W4A8_PROMOTE_SM90 = {"gemv": 1, "decode": 1, "sparse": 1}
 #: the smallest token tile the sm_100 block-scaled MMA takes as its M operand (smaller ones swap operands)
 NATIVE_MMA_M = 128
 
@@ -273,4 +282,5 @@ def w4a8_config(name: str, N: int, K: int, arch: int, gemm: str = "glu") -> Tile
     else:
         floor = 64
     block_n = max(floor, min(block_n, _pow2_at_least(N)))
-    return TileConfig(block_m, block_n, block_k, warps, stages, GROUP_M=group_m)
+    promote = W4A8_PROMOTE_SM90.get(name, 0) if family == 90 else 0
+    return TileConfig(block_m, block_n, block_k, warps, stages, GROUP_M=group_m, PROMOTE=promote)

@@ -87,6 +87,22 @@ def test_interpreted_w4a8_matches_the_mxfp8_reference(case, target, widen_scales
         assert e8 <= TOL_MXFP8 and e16 <= TOL_BF16, (T, e8, e16)
 
 
+def test_interpreted_sm90_w4a8_promotes_its_sums_every_few_k_steps(monkeypatch):
+    """sm_90: partial sums of PROMOTE K steps added to the fp32 accumulator (Hopper's fp8 MMA sums with fewer bits);
+    groups of 2 and 3 steps where K has 1 and 2 steps (a group's tail past K reads no activation bytes)."""
+    from mxmoe.kernels.triton import tile_config
+
+    monkeypatch.setattr(tile_config, "W4A8_PROMOTE_SM90", {"gemv": 2, "decode": 3, "sparse": 1})
+    layer = MoE.random(MoEConfig(num_experts=8, top_k=2, hidden=96, intermediate=160), seed=4)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", activations="mxfp8", interpret=True)
+    promote = {name: e["constexprs"]["PROMOTE"] for name, e in cm.kernel_plan["kernels"].items() if "w4a8" in name}
+    assert promote["glu_gemm_w4a8.gemv"] == 2 and promote["combine_gemm_w4a8.decode"] == 3
+    assert promote["combine_gemm_w4a8.sparse"] == 1 and promote["combine_gemm_w4a8.mid"] == 0
+    for T in (1, 5, 70):
+        e8, e16 = _errors(cm, layer, _x(T, 96, seed=T, outliers=True), "row")
+        assert e8 <= TOL_MXFP8 and e16 <= TOL_BF16, (T, e8, e16)
+
+
 def test_interpreted_w4a8_prefill_tile_on_sm100():
     """Past 1024 tokens the sm_100 plan puts 128 token rows first in the block-scaled MMA (no operand swap)."""
     layer = MoE.random(MoEConfig(num_experts=8, top_k=2, hidden=64, intermediate=64), seed=1)
@@ -178,7 +194,8 @@ def test_w4a8_cubins_use_the_native_mma(arch, tmp_path):
     """sm_100: every expert GEMM of every class is the block-scaled tcgen05 MMA (``UTCQMMA``: e4m3 x e2m1 with both
     scale tiles read by the tensor core), with no bf16/f16 MMA (``UTCHMMA``, ``HMMA``) and no e2m1 upcast
     (``F2FP`` unpacking E2M1); its only F2FP pack the GLU output to e4m3 (and round it to bf16 first). sm_90:
-    fp8 wgmma (``QGMMA``), no bf16 wgmma (``HGMMA``); no register spills in either."""
+    fp8 wgmma (``QGMMA``), no bf16 wgmma (``HGMMA``), the weight decode by ``PRMT`` with no e4m3 conversion; no
+    register spills in either."""
     layer = MoE.random(MoEConfig(**SASS_LAYER), seed=0)
     cm = mxmoe.compile(layer, target=f"cuda:sm_{arch}", activations="mxfp8")
     plan = cm.kernel_plan
@@ -191,8 +208,9 @@ def test_w4a8_cubins_use_the_native_mma(arch, tmp_path):
         assert ops["STL"] == 0 and ops["LDL"] == 0, (name, ops["STL"])
         if arch == 100:
             assert ops["UTCQMMA"] > 0 and ops["UTCHMMA"] == ops["HMMA"] == ops["UTCOMMA"] == 0, (name, ops)
-        else:
-            assert ops["QGMMA"] > 0 and ops["HGMMA"] == 0, (name, ops)
+        else:  # the weights decoded by byte-table lookups, not through a float conversion
+            assert ops["QGMMA"] > 0 and ops["HGMMA"] == 0 and ops["PRMT"] > 0, (name, ops)
+            assert not any(op.startswith("F2FP") and "E4M3" in op for op in ops), (name, ops)
         upcasts = [op for op in ops if op.startswith("F2FP.") and "E2M1" in op]
         packs = {op for op in ops if op.startswith("F2FP.")} - set(upcasts)
         assert not upcasts and packs <= {"F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C", "F2FP.BF16.F32.PACK_AB",
