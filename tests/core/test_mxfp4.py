@@ -242,3 +242,23 @@ def test_mxfp8_row_round_trip_is_mxfp8_on_the_row_scale():
     assert np.array_equal(row[:, :32], mx[:, :32])
     assert np.all(np.abs(row - mx) <= 2.0 ** (6 - 8) * 2.0 ** -10)
     assert np.any(row[:, 32:64] != mx[:, 32:64])
+
+
+def test_numpy_reference_runs_its_second_gemm_from_a_given_glu_output():
+    """``return_glu`` gives the GLU output the second GEMM quantizes; fed back as ``glu_output`` it reproduces the
+    layer bit for bit, and one value moved by an e4m3 step moves the outputs of that token only."""
+    from mxmoe.core.config import MoEConfig
+    from mxmoe.core.reference import numpy_reference
+    from mxmoe.torch_frontend import MoE
+
+    cfg = MoEConfig(num_experts=6, top_k=3, hidden=64, intermediate=96)
+    w = MoE.random(cfg, seed=1).to_weights()
+    x = np.random.default_rng(2).standard_normal((5, 64)).astype(np.float32)
+    kw = dict(activations="mxfp8", mx_fold="row")
+    out, glu = numpy_reference(w, x, ml_dtypes.bfloat16, return_glu=True, **kw)
+    assert glu.shape == (5, 3, 96) and np.abs(glu).max() > 0
+    np.testing.assert_array_equal(numpy_reference(w, x, ml_dtypes.bfloat16, glu_output=glu, **kw), out)
+    moved = glu.copy()
+    moved[2, 1, np.abs(glu[2, 1]).argmax()] *= 1.125
+    diff = np.abs(numpy_reference(w, x, ml_dtypes.bfloat16, glu_output=moved, **kw) - out).max(axis=1)
+    assert diff[2] > 0 and np.all(np.delete(diff, 2) == 0)
