@@ -672,3 +672,6 @@ void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, x
   (void)x_kind;
   item_int16(&it, AT(xq) + first * xq_row, AT(xs) + first * scale_row(nb));
 }
+
+/* the int8-activation form (activations="mxint8", weights in the cpu-mxfp4-rows16 layout) */
+#include "mxint8_rows16.c"
