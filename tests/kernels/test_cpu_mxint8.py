@@ -202,11 +202,13 @@ def _check_layer(moe: MoE, cm, tokens, dtype, exact_tol: float, bf16_tol: float)
         x = torch.randn(T, moe.config.hidden, generator=torch.Generator().manual_seed(T)).to(dtype)
         out = cm(x).float().numpy()
         xn = x.float().numpy()
-        ref8 = numpy_reference(moe.weights, xn, np.dtype(np.float32) if dtype == torch.float32 else
+        ref8 = numpy_reference(moe.to_weights(), xn, np.dtype(np.float32) if dtype == torch.float32 else
                                mxfp4.ml_dtypes.bfloat16, activations="mxint8")
         ref16 = moe(x).float().numpy()
         e8, e16 = relative_error(out, ref8), relative_error(out, ref16)
         assert e8 < exact_tol, (T, e8, e16)
+        if dtype == torch.bfloat16:  # measured: every output equal bit for bit at these shapes
+            assert (out == ref8).mean() > 0.95, (T, (out == ref8).mean())
         assert e16 < bf16_tol, (T, e8, e16)
         errs.append(e16)
     return errs
@@ -228,24 +230,23 @@ def test_layers_match_the_mxint8_reference(name, flavor):
     moe = MoE.random(cfg, seed=31)
     cm = mxmoe.compile(moe, target="cpu", activations="mxint8")
     assert ukernels.ROWS16_SYMBOL in cm.mlir and f"mxfp4_matvec-{flavor}-" in cm.mlir
-    assert cm.artifact.manifest["target"]["activations"] == "mxint8" if hasattr(cm, "artifact") else True
-    # bf16 layers: one bf16 rounding of an output may land the other side of a tie (the f32 sums are added in
-    # another order), which moves that output by an ulp (2^-8)
-    _check_layer(moe, cm, tokens, torch.bfloat16, 8e-3, 6e-2)
+    # bf16 layers: an f32 sum added in another order than numpy's may round to the other bf16 neighbour (one ulp,
+    # 2^-8 relative; measured: none at these shapes); against the bf16 reference MXINT8 costs 1.4-2.4e-2
+    _check_layer(moe, cm, tokens, torch.bfloat16, 4e-3, 5e-2)
 
 
 @needs_ukernel
 def test_all_tokens_on_one_expert_and_f32_layers(flavor):
     """An f32 layer (no bf16 rounding between the steps): the mxint8 path equals its reference to f32
-    accumulation-order accuracy. Every token routed to expert 0 (a router that only sees expert 0)."""
+    accumulation-order accuracy. Every token routed to expert 0: a zero router ties all experts, and ties go to
+    the lower index (the routing contract)."""
     moe = MoE.random(TINY.replace(top_k=1), seed=7, dtype=torch.float32)
     with torch.no_grad():
-        moe.weights.router_weight[1:] = 0.0
-        if moe.weights.router_bias is not None:
-            moe.weights.router_bias[:] = torch.tensor([30.0, 0.0, 0.0, 0.0]) if torch.is_tensor(
-                moe.weights.router_bias) else np.array([30.0, 0.0, 0.0, 0.0], np.float32)
+        moe.router_weight.zero_()
+        if moe.router_bias is not None:
+            moe.router_bias.zero_()
     cm = mxmoe.compile(moe, target="cpu", activations="mxint8")
-    _check_layer(moe, cm, (1, 70), torch.float32, 2e-4, 6e-2)
+    _check_layer(moe, cm, (1, 70), torch.float32, 1e-5, 5e-2)
 
 
 def test_bad_activations_are_refused():
