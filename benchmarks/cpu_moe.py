@@ -348,6 +348,11 @@ def main() -> None:
     tb: dict[int, list[float]] = {T: [] for T in tokens}
     mx_best: dict[int, float] = {}  # the fastest single call of all rounds: the least disturbed one
     pe_best: dict[int, float] = {}
+    # warm-up: every T for about a second (the first round's calls measured up to 2x slower than later rounds')
+    for T in tokens:
+        t_end = time.perf_counter() + 1.0
+        while time.perf_counter() < t_end:
+            cm(xs[T])
     for r in range(args.rounds):
         for T in tokens:
             ts = timings(lambda: cm(xs[T]), args.repeats if T < 512 else max(3, args.repeats // 2))

@@ -34,6 +34,10 @@ from mxmoe.kernels.cpu import GROUP_SYMBOL, MATVEC_SYMBOL, MXINT8_QUANTIZE_SYMBO
 
 #: outputs per matvec workgroup (a multiple of 32, like the padded N)
 TILE_N = 64
+#: outputs per workgroup of the int8 form's matmul (a multiple of its 16-row groups). gpt-oss-20b, 2 threads,
+#: fastest of 45 calls at T = 1 / 4 / 8 / 64: 64 -> 1.40 / 5.55 / 9.62 / 26.6 ms, 128 -> 1.28 / 5.43 / 9.37 / 26.3,
+#: 256 -> 1.36 / 5.37 / 9.12 / 26.1 (2026-11-27): 128 keeps twice 256's workgroups for machines with more cores
+TILE_N_INT8 = 128
 #: activation rows per quantizer workgroup, at least; with many rows, enough per workgroup that there are
 #: at most QUANTIZE_GROUPS workgroups (each costs ~1 us of IREE's task system)
 QUANTIZE_ROWS = 4
@@ -217,7 +221,8 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
                f"%nout = arith.muli %S, %c{n} : index"] + _info_lines(e)
     # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
     # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
-    grid = [f"%tiles = arith.constant {-(-n // TILE_N)} : index", f"%e = arith.constant {e} : index",
+    tile_n = TILE_N_INT8 if int8 else TILE_N
+    grid = [f"%tiles = arith.constant {-(-n // tile_n)} : index", f"%e = arith.constant {e} : index",
             f"%chunk = arith.constant {ROW_CHUNK} : index", "%one = arith.constant 1 : index",
             "%used = arith.minui %S, %e : index", "%whole = arith.divui %S, %chunk : index",
             "%items = arith.addi %used, %whole : index", "%slots = arith.addi %items, %one : index",
@@ -225,7 +230,7 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
     act = [] if int8 else [f"%c{_kind(x_el, 'activation')}"]  # the int8 matmul reads one activation form
     return _executable(exe, obj, ROWS16_SYMBOL if int8 else MATVEC_SYMBOL, "%S: index", memrefs,
                        ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{int(deinterleave)}",
-                        f"%c{TILE_N}", "%tile", "%u"], prelude, grid)
+                        f"%c{tile_n}", "%tile", "%u"], prelude, grid)
 
 
 def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: int, bias_el: str | None,

@@ -18,8 +18,8 @@ util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_r
 // CHECK: call @mxmoe_mxint8_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64, %c1, %c2, %{{.+}}, %workgroup_id_x)
 // CHECK: stream.executable private @[[EXE:mxmoe_grouped_matmul_combine_[0-9a-f]+_ukernel]]
 // CHECK: func.func private @mxmoe_rows16_grouped_matvec(memref<?xi8>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xf32>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index, index) attributes {hal.import.static}
-// S, N 96, K 64, no bias (kind 0), no deinterleave, tiles of 64:
-// CHECK: call @mxmoe_rows16_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c64, %workgroup_id_x, %workgroup_id_y)
+// S, N 96, K 64, no bias (kind 0), no deinterleave, tiles of 128 (TILE_N_INT8):
+// CHECK: call @mxmoe_rows16_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y)
 
 // CHECK-LABEL: func.func private @mxmoe_grouped_matmul_combine_
 // CHECK-NOT: scf.for
