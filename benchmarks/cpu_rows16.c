@@ -56,10 +56,10 @@ static double run(int int8, size_t E, size_t n, size_t k, size_t R, int calls) {
 
 int main(void) {
   printf("GB/s of packed weights, one thread, best call: rows | L2 bf16/int16  L2 int8 | DRAM bf16/int16  DRAM int8\n");
-  for (size_t R = 1; R <= 8; R = R < 4 ? R + 1 : R * 2) {
+  for (size_t R = 1; R <= 64; R = R < 4 ? R + 1 : R == 8 ? 12 : R == 12 ? 16 : R * 2) {
     const double l2a = run(0, 1, 256, 2880, R, 400), l2b = run(1, 1, 256, 2880, R, 400);
     const double da = run(0, 64, 2880, 2880, R, 64), db = run(1, 64, 2880, 2880, R, 64);
-    printf("%4zu | %6.1f %6.1f | %6.1f %6.1f\n", R, l2a, l2b, da, db);
+    printf("%4zu | %6.2f %6.2f | %6.2f %6.2f\n", R, l2a, l2b, da, db);
   }
   return 0;
 }
