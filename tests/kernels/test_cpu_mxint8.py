@@ -263,3 +263,15 @@ def test_bad_activations_are_refused():
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="mxint8"):
         mxmoe.compile(moe, target="rocm:gfx942", activations="mxint8")
+
+
+def test_mxint8_without_the_microkernel_is_refused(monkeypatch):
+    """No linalg form reads the rows16 layout: with the microkernel switched off the compile says so, one line."""
+    monkeypatch.setenv(ukernels.ENV_SWITCH, "0")
+    ukernels.matvec_object.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"activations='mxint8' runs on the C microkernel only.*MXMOE_CPU_UKERNEL=0") as e:
+            mxmoe.compile(MoE.random(TINY, seed=1), target="cpu", activations="mxint8")
+        assert "\n" not in str(e.value)
+    finally:
+        ukernels.matvec_object.cache_clear()
