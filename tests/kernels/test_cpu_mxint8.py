@@ -275,3 +275,15 @@ def test_mxint8_without_the_microkernel_is_refused(monkeypatch):
         assert "\n" not in str(e.value)
     finally:
         ukernels.matvec_object.cache_clear()
+
+
+@needs_ukernel
+def test_mxint8_layers_are_batch_invariant(flavor):
+    """What the artifact records (numerics.batch_invariant): a token's output bits do not depend on its batch, though
+    its rows go through the matvec alone and through 8-row GEMM passes in a batch of 70."""
+    moe = MoE.random(TINY, seed=12)
+    cm = mxmoe.compile(moe, target="cpu", activations="mxint8")
+    x = torch.randn(70, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
+    whole = cm(x)
+    for t in (0, 5, 69):
+        assert torch.equal(cm(x[t:t + 1]).view(torch.int16), whole[t:t + 1].view(torch.int16)), t
