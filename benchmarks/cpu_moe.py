@@ -2,7 +2,7 @@
 with llama.cpp's CPU backend (ggml) running the same layer.
 
     .venv/bin/python benchmarks/cpu_moe.py [--tokens 1,4,8,64,512] [--threads 2] [--rounds 3] [--repeats 9]
-        [--peer llamacpp] [--scaling 512,4096,32768,262144] [--timeline 1] [--torch]
+        [--peer llamacpp] [--scaling 512,4096,32768,262144] [--timeline 1] [--torch] [--activations mxint8]
 
 The peer: ``bash ../shared/peers/llamacpp/build.sh build/peers/llamacpp`` builds ggml (from the llama.cpp that
 llama-cpp-python 0.3.36 vendors: Release, native, OpenMP, weight repack on as llama.cpp runs by default) and
@@ -25,7 +25,10 @@ Columns:
                stream the weights once; x bound: mxmoe ms / bound ms
   GFLOP/s      2 x (routed rows x (2I x H + H x I)) / mxmoe time: the expert GEMMs' arithmetic rate;
                % peak: of the measured peak of the instruction the kernel's GEMM uses (vdpbf16ps on an
-               AVX512-BF16 host, vpmaddwd otherwise) at this thread count
+               AVX512-BF16 host, vpmaddwd otherwise; with --activations mxint8: vpdpbusd on an AVX512-VNNI host,
+               counting a multiply-add as 2 ops like the others) at this thread count
+  rel err      max |out - ref| / max |ref| against the bf16 reference (the torch layer); with --activations mxint8
+               also "exact err", against the reference whose matmuls read MXINT8 activations as the module's do
 The peaks and the read bandwidth come from benchmarks/cpu_peak.c (built here with the host's C compiler).
 
 ``--scaling``: the per-token cost of a smaller layer (``--scaling-config``, default E=32 k=4 H=I=512: the
@@ -33,6 +36,8 @@ gpt-oss-20b layer's intermediates at 262144 tokens would not fit this machine's 
 flat means a total cost linear in tokens. ``--timeline T``: where one call's time goes at T tokens, per
 dispatch (IREE's host-execution profile of the same module through iree-benchmark-module), and the Python
 call around it. ``--torch``: the previous eager torch baseline as a column (slow at 512 tokens).
+``--activations mxint8``: time the module compiled with ``activations="mxint8"`` (int8 activations, the rows16
+weight layout, docs/cpu.md) instead of the default bf16 one.
 """
 
 from __future__ import annotations
@@ -290,6 +295,8 @@ def main() -> None:
     p.add_argument("--timeline", default="", help="token counts to print a per-dispatch timeline for")
     p.add_argument("--torch", action="store_true", help="also time the eager torch baseline")
     p.add_argument("--no-peaks", action="store_true")
+    p.add_argument("--activations", default="bf16", choices=["bf16", "mxint8"],
+                   help="the activation form of the mxmoe module (compile option activations=)")
     args = p.parse_args()
     set_threads(args.threads)
 
@@ -310,14 +317,18 @@ def main() -> None:
         for name in dict.fromkeys(n for n, _ in peaks if n != "read_bw"):
             print(f"  {name:18s} {peaks[(name, 1)]:7.1f} / {peaks.get((name, args.threads), float('nan')):7.1f}")
         print(f"  read bandwidth     {peaks[('read_bw', 1)]:7.1f} / {peaks.get(('read_bw', args.threads), float('nan')):7.1f} GB/s")
-    gemm_instr = "vdpbf16ps-zmm" if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
+    if args.activations == "mxint8":
+        gemm_instr = "vpdpbusd-zmm" if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
+    else:
+        gemm_instr = "vdpbf16ps-zmm" if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
+    print(f"activations: {args.activations}; % peak of {gemm_instr}")
     peak = peaks.get((gemm_instr, args.threads))
     bw = peaks.get(("read_bw", args.threads))
 
     cfg = PRESETS[args.preset]
     moe = MoE.random(cfg, seed=0)
     t0 = time.perf_counter()
-    cm = mxmoe.compile(moe, target="cpu")
+    cm = mxmoe.compile(moe, target="cpu", activations=args.activations)
     print(f"compile: {time.perf_counter() - t0:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in cm.timings.items())})")
     per_expert = sum(getattr(moe, n)[0].numel() * getattr(moe, n).element_size()
                      for n in ("w13", "w13_scale", "w2", "w2_scale", "w13_bias", "w2_bias") if getattr(moe, n) is not None)
@@ -337,6 +348,11 @@ def main() -> None:
     tb: dict[int, list[float]] = {T: [] for T in tokens}
     mx_best: dict[int, float] = {}  # the fastest single call of all rounds: the least disturbed one
     pe_best: dict[int, float] = {}
+    # warm-up: every T for about a second (the first round's calls measured up to 2x slower than later rounds')
+    for T in tokens:
+        t_end = time.perf_counter() + 1.0
+        while time.perf_counter() < t_end:
+            cm(xs[T])
     for r in range(args.rounds):
         for T in tokens:
             ts = timings(lambda: cm(xs[T]), args.repeats if T < 512 else max(3, args.repeats // 2))
@@ -355,13 +371,23 @@ def main() -> None:
           f"threads, medians over {args.rounds} rounds of {args.repeats} calls each [min-max of the round medians]")
     head = (f"{'T':>5} {'experts':>7} {'MB':>6} | {'llama.cpp ms':>20} | {'mxmoe ms':>20} | {'ratio':>5} | "
             f"{'bound ms':>8} {'x bound':>7} | {'GFLOP/s':>7} {'% peak':>6}" + (f" | {'torch ms':>9}" if baseline else "")
-            + " | rel err")
+            + " | rel err" + (" | exact err" if args.activations != "bf16" else ""))
     print(head)
+    weights_np = moe.to_weights() if args.activations != "bf16" else None
     for T in tokens:
         mb = experts[T] * per_expert / 1e6
         m = statistics.median(mx[T])
         x = xs[T]
-        err = float((cm(x).float() - moe(x).float()).abs().max() / moe(x).float().abs().max())
+        out = cm(x).float()
+        err = float((out - moe(x).float()).abs().max() / moe(x).float().abs().max())
+        exact = ""
+        if weights_np is not None:
+            from mxmoe.core.reference import numpy_reference, relative_error
+            import ml_dtypes
+
+            ref = numpy_reference(weights_np, x.float().numpy(), np.dtype(ml_dtypes.bfloat16),
+                                  activations=args.activations)
+            exact = f" | {relative_error(out.numpy(), ref):.1e}"
         if pe[T]:
             ratio = statistics.median(a / b for a, b in zip(pe[T], mx[T]))
             peer_s = f"{statistics.median(pe[T]):8.2f} [{spread(pe[T]):>10}]"
@@ -372,7 +398,7 @@ def main() -> None:
         gf = expert_flops(cfg, T) / (m / 1e3) / 1e9
         print(f"{T:>5} {experts[T]:>7} {mb:6.1f} | {peer_s} | {m:8.2f} [{spread(mx[T]):>10}] | {ratio_s} | "
               f"{bound:8.2f} {m / bound:7.2f} | {gf:7.1f} {100 * gf / peak if peak else float('nan'):6.1f}"
-              + (f" | {statistics.median(tb[T]):9.1f}" if baseline else "") + f" | {err:.1e}")
+              + (f" | {statistics.median(tb[T]):9.1f}" if baseline else "") + f" | {err:.1e}" + exact)
     print("the fastest single call of all rounds (the least disturbed by the machine's other jobs):")
     print(f"{'T':>5} | {'llama.cpp ms':>12} | {'mxmoe ms':>8} | {'ratio':>5} | {'x bound':>7} | {'GFLOP/s':>7} {'% peak':>6}")
     for T in tokens:
@@ -388,7 +414,7 @@ def main() -> None:
         E, k, H, I = (int(v) for v in args.scaling_config.split(","))
         scfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I)
         smoe = MoE.random(scfg, seed=1)
-        scm = mxmoe.compile(smoe, target="cpu")
+        scm = mxmoe.compile(smoe, target="cpu", activations=args.activations)
         print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token")
         row = []
         for T in (int(t) for t in args.scaling.split(",")):

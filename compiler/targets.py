@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from mxmoe.core.layouts import CPU_BLOCKSPLIT, ROW_MAJOR, TRITON_HOPPER_TILED, Layout
+from mxmoe.core.layouts import CPU_BLOCKSPLIT, CPU_ROWS16, ROW_MAJOR, TRITON_HOPPER_TILED, Layout
 from mxmoe.runtime.code import IreeCode, TritonCode
 
 Pipeline = list[tuple[str, "str | None"]]
@@ -137,9 +137,22 @@ CPU_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all
 
 @dataclass(frozen=True)
 class CpuTarget(IreeTarget):
-    """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here."""
+    """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here.
 
+    ``activations``: "bf16" (default: the activations as the layer has them; bf16 exact on AVX512-BF16 hosts, int16
+    per block on AVX2 ones) or "mxint8" (opt-in: every expert matmul reads its activations quantized to OCP MXINT8,
+    weights in the ``cpu-mxfp4-rows16`` layout, ``vpdpbusd`` on AVX512-VNNI hosts; needs the C microkernel;
+    docs/cpu.md)."""
+
+    activations: str = "bf16"
     driver: ClassVar[str] = "local"
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("bf16", "mxint8")
+
+    def with_activations(self, activations: str) -> "CpuTarget":
+        if activations not in self.ACTIVATIONS:
+            raise ValueError(f"target {self.name}: activations must be one of {', '.join(self.ACTIVATIONS)}, "
+                             f"got {activations!r}")
+        return self.replace(activations=activations, layout=CPU_ROWS16 if activations == "mxint8" else CPU_BLOCKSPLIT)
 
     @property
     def iree_flags(self) -> list[str]:
@@ -155,15 +168,19 @@ class CpuTarget(IreeTarget):
         uk = matvec_object()
         if uk.path:
             option = f"ukernel={uk.path}"
+        elif self.activations == "mxint8":
+            raise ValueError(f"target {self.name}: activations='mxint8' runs on the C microkernel only, which is not "
+                             f"available here ({uk.reason})")
         elif not uk.reason.startswith(ENV_SWITCH):
             _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
                        "instead, which measured 3-4x slower (docs/cpu.md)")
         return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
 
     def compile(self, module, parameters, *, extra_flags=(), **kwargs):
-        from mxmoe.kernels.cpu import MATVEC_SYMBOL
+        from mxmoe.kernels.cpu import MATVEC_SYMBOL, ROWS16_SYMBOL
 
-        if MATVEC_SYMBOL in str(module):
+        text = str(module)
+        if MATVEC_SYMBOL in text or ROWS16_SYMBOL in text:
             extra_flags = [*CPU_DATA_TILING, *extra_flags]
         return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
 
@@ -174,12 +191,12 @@ class CpuTarget(IreeTarget):
 
     def record(self, code, mlir: str = "") -> dict[str, Any]:
         from mxmoe.core.host import cpu_features
-        from mxmoe.kernels.cpu import MATVEC_SYMBOL
+        from mxmoe.kernels.cpu import MATVEC_SYMBOL, ROWS16_SYMBOL
 
         # the C microkernel is linked into the module, whose MLIR calls it by this symbol
-        microkernel = MATVEC_SYMBOL in mlir
+        microkernel = MATVEC_SYMBOL in mlir or ROWS16_SYMBOL in mlir
         return {**super().record(code, mlir), "cpu_features": cpu_features(), "cpu_microkernel": microkernel,
-                **self.numerics_record(True, microkernel)}
+                "activations": self.activations, **self.numerics_record(True, microkernel)}
 
     @property
     def runnable_here(self) -> bool:

@@ -2,8 +2,8 @@
 
 The convention every checkpoint and the reference use is row-major: values ``[E, N, K/2]`` uint8 (two e2m1
 codes a byte, low nibble = even k), scales ``[E, N, K/32]`` (one e8m0 byte per 32 along K), biases ``[E, N]``.
-A layout re-arranges the values only (scales and biases stay row-major, shapes stay the same) so that a
-kernel's loads and decode are cheap. Each :class:`Layout` carries the three things that must agree: its name
+A layout re-arranges the values (and, for ``cpu-mxfp4-rows16`` only, the scales; biases stay row-major, shapes
+stay the same) so that a kernel's loads and decode are cheap. Each :class:`Layout` carries the three things that must agree: its name
 (the ``mxmoe.layout`` IR attribute and the artifact manifest's record), the encode/decode pair applied on the
 host, and the flags a kernel is compiled for. :data:`LAYOUTS` is the one registry.
 """
@@ -40,16 +40,23 @@ class Layout:
     hopper_words: bool = False
     tiles: bool = False
     summary: str = ""
+    #: row-major scales -> stored scales, and its inverse (same shape and dtype): identity but for rows16
+    permute_scales: Permutation = field(default=_same, repr=False, compare=False)
+    unpermute_scales: Permutation = field(default=_same, repr=False, compare=False)
 
     def encode(self, role: str, row_major: np.ndarray) -> np.ndarray:
         """The stored array for a weight of ``role`` given in row-major order."""
         self._check_role(role)
-        return self.permute(row_major).view(row_major.dtype) if role == "values" else row_major
+        if role == "values":
+            return self.permute(row_major).view(row_major.dtype)
+        return self.permute_scales(row_major).view(row_major.dtype) if role == "scales" else row_major
 
     def decode(self, role: str, stored: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`encode` (reference checks read weights back out of artifacts)."""
         self._check_role(role)
-        return self.unpermute(stored).view(stored.dtype) if role == "values" else stored
+        if role == "values":
+            return self.unpermute(stored).view(stored.dtype)
+        return self.unpermute_scales(stored).view(stored.dtype) if role == "scales" else stored
 
     def _check_role(self, role: str) -> None:
         if role not in ROLES:
@@ -61,6 +68,11 @@ CPU_BLOCKSPLIT = Layout(
     "cpu-mxfp4-blocksplit", swizzle.blocksplit_swizzle, swizzle.blocksplit_unswizzle,
     summary="per 32-value block, byte b holds values b and b+16, so each nibble plane of 8 bytes meets 8 "
             "consecutive activations (the cpu microkernel's SIMD lanes)")
+CPU_ROWS16 = Layout(
+    "cpu-mxfp4-rows16", swizzle.rows16_swizzle, swizzle.rows16_unswizzle,
+    permute_scales=swizzle.rows16_scales, unpermute_scales=swizzle.rows16_unscales,
+    summary="16 output rows interleaved per 32-value block (4 values of each row per 4 bytes, two nibble "
+            "planes), scales likewise: one vpdpbusd accumulates 16 rows (the cpu target's activations='mxint8')")
 TRITON_HOPPER = Layout(
     "triton-mxfp4-hopper", swizzle.hopper_swizzle, swizzle.hopper_unswizzle, hopper_words=True,
     summary="32-bit words holding the 8 values one thread of a warpgroup MMA needs, their bits at bf16 "
@@ -71,7 +83,8 @@ TRITON_HOPPER_TILED = Layout(
 
 #: name -> layout. "triton-mxfp4-kmajor" is what artifacts of mxmoe <= 0.1 called the row-major order of the
 #: sm_100 target; it still reads.
-LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (ROW_MAJOR, CPU_BLOCKSPLIT, TRITON_HOPPER, TRITON_HOPPER_TILED)}
+LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (ROW_MAJOR, CPU_BLOCKSPLIT, CPU_ROWS16, TRITON_HOPPER,
+                                                        TRITON_HOPPER_TILED)}
 _ALIASES = {"triton-mxfp4-kmajor": ROW_MAJOR}
 
 

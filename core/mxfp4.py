@@ -32,6 +32,7 @@ __all__ = [
     "dequantize",
     "random_mxfp4",
     "mxfp8_round_trip",
+    "mxint8_round_trip",
 ]
 
 #: The 16 e2m1 code values, indexed by code (codes 8..15 are the negatives of 0..7; code 8 is -0).
@@ -296,6 +297,30 @@ def mxfp8_round_trip(x: np.ndarray) -> np.ndarray:
     codes = np.clip(blocks * inv, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     scale = e8m0_to_float(byte.astype(np.uint8))
     return (codes * scale).reshape(x.shape)
+
+
+#: MXINT8 (OCP MX): int8 elements in units of 2^-6 of the block scale; mxmoe saturates them to +-127
+MXINT8_MAX, MXINT8_FRAC = 127, 6
+#: the clamp of the block exponent floor(log2 amax) (the cpu quantizers': all-zero and tiny blocks get -100)
+MXINT8_EMIN, MXINT8_EMAX = -100, 127
+
+
+def mxint8_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 values of ``x`` quantized to MXINT8 along its last axis (a multiple of 32) and back: per block of 32,
+    ``E = floor(log2 amax)`` (from amax's float32 exponent; clamped to [-100, 127]), each element
+    ``q = round(x * 2^(6 - E))`` to nearest even, saturated to +-127, standing for ``q * 2^(E - 6)``. A block
+    holding an inf or NaN is NaN. The cpu target's ``activations="mxint8"`` form computes exactly this
+    (``kernels/cpu/mxint8_rows16.c``)."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK)
+    bits = (np.abs(blocks).max(axis=-1, keepdims=True).view(np.int32) >> 23) & 0xFF
+    e = np.clip(bits - 127, MXINT8_EMIN, MXINT8_EMAX)
+    up = ((MXINT8_FRAC - e + 127) << 23).astype(np.int32).view(np.float32)   # 2^(6 - E), a normal float32
+    down = ((e - MXINT8_FRAC + 127) << 23).astype(np.int32).view(np.float32)  # 2^(E - 6)
+    with np.errstate(invalid="ignore"):
+        q = np.clip(np.rint(blocks * up), -MXINT8_MAX, MXINT8_MAX)
+        out = np.where(bits == 0xFF, np.float32(np.nan), q * down)
+    return out.astype(np.float32).reshape(x.shape)
 
 
 #: the sm_90 w4a8 form reads a weight scale group as zeros when its scale is more than this many binades under its

@@ -30,6 +30,61 @@ def blocksplit_unswizzle(stored: np.ndarray) -> np.ndarray:
     return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8).reshape(v.shape)
 
 
+#: output rows interleaved per group of the rows16 layout (one zmm of int32 lanes)
+ROWS16 = 16
+
+
+def _rows16_check(shape: tuple, what: str) -> None:
+    if len(shape) < 2 or shape[-2] % ROWS16 or shape[-1] % 16:
+        raise ValueError(f"rows16 needs {what} rows in groups of {ROWS16} and whole 32-value blocks, got shape "
+                         f"{list(shape)}")
+
+
+def rows16_swizzle(values: np.ndarray) -> np.ndarray:
+    """Row-major packed e2m1 bytes [..., N, K/2] -> the rows16 order (see ``layouts.CPU_ROWS16``): per group of
+    16 rows and 32-value block, 4 chunks j of 64 bytes; byte 4i + t of chunk j holds row i's values 4j + t (low
+    nibble) and 16 + 4j + t (high nibble) of the block."""
+    v = np.asarray(values, dtype=np.uint8)
+    _rows16_check(v.shape, "weight")
+    *lead, n, kh = v.shape
+    nb = kh // 16
+    codes = np.stack([v & 0x0F, v >> 4], axis=-1).reshape(*lead, n // ROWS16, ROWS16, nb, 2, 4, 4)  # h j t
+    nd = len(lead)
+    # [.., G, i, b, h, j, t] -> [.., G, b, j, i, t, h]
+    c = codes.transpose(*range(nd), nd, nd + 2, nd + 4, nd + 1, nd + 5, nd + 3)
+    return (c[..., 0] | (c[..., 1] << 4)).astype(np.uint8).reshape(v.shape)
+
+
+def rows16_unswizzle(stored: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`rows16_swizzle`."""
+    v = np.asarray(stored, dtype=np.uint8)
+    _rows16_check(v.shape, "weight")
+    *lead, n, kh = v.shape
+    nb = kh // 16
+    nd = len(lead)
+    c = np.stack([v & 0x0F, v >> 4], axis=-1).reshape(*lead, n // ROWS16, nb, 4, ROWS16, 4, 2)  # b j i t h
+    codes = c.transpose(*range(nd), nd, nd + 3, nd + 1, nd + 5, nd + 2, nd + 4).reshape(*lead, n, kh, 2)
+    return (codes[..., 0] | (codes[..., 1] << 4)).astype(np.uint8)
+
+
+def rows16_scales(scales: np.ndarray) -> np.ndarray:
+    """Row-major e8m0 scales [..., N, K/32] -> per group of 16 rows and block, the 16 rows' bytes side by side."""
+    s = np.asarray(scales)
+    if s.ndim < 2 or s.shape[-2] % ROWS16:
+        raise ValueError(f"rows16 needs scale rows in groups of {ROWS16}, got shape {list(s.shape)}")
+    *lead, n, nb = s.shape
+    return np.ascontiguousarray(np.swapaxes(s.reshape(*lead, n // ROWS16, ROWS16, nb), -1, -2)).reshape(s.shape)
+
+
+def rows16_unscales(stored: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`rows16_scales`."""
+    s = np.asarray(stored)
+    if s.ndim < 2 or s.shape[-2] % ROWS16:
+        raise ValueError(f"rows16 needs scale rows in groups of {ROWS16}, got shape {list(s.shape)}")
+    *lead, n, nb = s.shape
+    return np.ascontiguousarray(np.swapaxes(s.reshape(*lead, n // ROWS16, nb, ROWS16), -1, -2)).reshape(s.shape)
+
+
 #: Bits of one bf16 pair (low half: an even k, high half: k + 1) for codes whose value is v * 2^-126:
 #: sign at bit 15, exponent at bits 8-7, mantissa at bit 6 (the subnormal code 0.5 included).
 HOPPER_PAIR_MASK = 0x81C081C0

@@ -559,7 +559,8 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
     """(reference output of ``entry`` as float32, which implementation ran): mxmoe's torch layer where torch is
     installed, else the numpy reference (same semantics; a deploy box may have no torch). A w4a8 module
     (``activations="mxfp8"``) is compared with the numpy reference that rounds the activations to MXFP8 as it does:
-    against the bf16 one its error is that of MXFP8 itself (~5%), above any useful tolerance."""
+    against the bf16 one its error is that of MXFP8 itself (~5%), above any useful tolerance; a cpu module with
+    ``activations="mxint8"`` with the reference that rounds them to MXINT8 (its own error ~1-2.5%)."""
     import numpy as np
 
     from mxmoe.core.reference import numpy_reference
@@ -593,7 +594,7 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
                            **{k: np.asarray(v) if k == "topk_ids" else np.asarray(v, np.float32)
                               for k, v in extra.items()}), "numpy" + (
         "" if activations == "bf16" else " (MXFP8 activations, per-row scales)" if mx_fold == "row"
-        else " (MXFP8 activations)")
+        else f" ({activations.upper()} activations)")
 
 
 # ============================================================================================ inspect
@@ -619,9 +620,10 @@ def cmd_inspect(args) -> int:
         line += "; with the C matvec microkernel" if t["cpu_microkernel"] else "; linalg matvec (no C microkernel)"
     print(line)
     if "activations" in t:
-        print(f"  activations {t['activations']}" + (" (w4a8: the expert GEMMs read MXFP8 activations; run --check "
-                                                   "compares with the reference that rounds them the same way)"
-                                                   if t["activations"] == "mxfp8" else ""))
+        form = {"mxfp8": "w4a8: the expert GEMMs read MXFP8 activations",
+                "mxint8": "the expert GEMMs read MXINT8 activations"}.get(t["activations"])
+        print(f"  activations {t['activations']}" + (f" ({form}; run --check compares with the reference that rounds "
+                                                   "them the same way)" if form else ""))
     numerics = t.get("numerics")
     if numerics is not None:
         print(f"  numerics    deterministic {'yes' if numerics.get('deterministic') else 'no'}, batch invariant "
@@ -716,8 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shard", metavar="LAYOUT", help="cut MoE layers over ranks: ep:N, tp:N or ep:A,tp:B; writes "
                    "one artifact with a weight set per rank (rank.R; layer.N.rank.R for a whole checkpoint), run with "
                    "mxmoe.distributed.load under torchrun (docs/distributed.md)")
-    c.add_argument("--activations", choices=("bf16", "mxfp8"), default=None,
-                   help="the form the expert GEMMs take the activations in: bf16 (default) or mxfp8 (w4a8: "
+    c.add_argument("--activations", choices=("bf16", "mxfp8", "mxint8"), default=None,
+                   help="the form the expert GEMMs take the activations in: bf16 (default), mxint8 (cpu: int8 "
+                        "activations, docs/cpu.md) or mxfp8 (w4a8: "
                         "rocm:gfx950, cuda:sm_90, cuda:sm_100; docs/nvidia.md, docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)

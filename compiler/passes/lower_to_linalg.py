@@ -14,6 +14,9 @@ inlines it. The token count stays dynamic.
     host loop over the experts the routing actually picked, each expert's weights an ``extract_slice``
     of the parameter read once, the decode fused into a vectorized lane matvec (few rows) or done once
     per expert before a contraction (many rows).
+  - ``cpu-mxfp4-rows16`` (the cpu target with ``activations="mxint8"``): the same dispatches of the C
+    microkernel's int8 form (MXINT8 activations, 16 output rows per ``vpdpbusd``), every activation type;
+    it needs ``ukernel=PATH`` (no linalg form reads this layout).
   - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the row-block schedule of
     ``lowering/rocm_grouped.py``: slots laid out by expert in blocks of 16 rows on the device, the activation
     rows and each block's expert weights gathered (``iree_linalg_ext.gather``; packed bytes viewed as
@@ -366,21 +369,26 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
     extra = []
     interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
     y_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
-    if _layout(v) == cpu_grouped.LAYOUT:
+    if _layout(v) in (cpu_grouped.LAYOUT, cpu_grouped.ROWS16_LAYOUT):
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
+        int8 = _layout(v) == cpu_grouped.ROWS16_LAYOUT
+        if int8 and ukernel is None:
+            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' (activations='mxint8') is read by the cpu microkernel "
+                   f"only: pass {NAME}{{ukernel=PATH}}")
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
-        if ukernel is not None and xel in cpu_ukernel.ACTIVATION_TYPES:
+        # (the int8 form quantizes every activation type: that is what it is asked for)
+        if ukernel is not None and (int8 or xel in cpu_ukernel.ACTIVATION_TYPES):
             # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
             deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
             exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
-                                                  bias[1] if bias else None, deinterleave)
+                                                  bias[1] if bias else None, deinterleave, int8)
             extra += texts
-            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes)
+            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, int8)
             # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
             y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
                           f"{_tt([None, n], 'f32')} into {_tt([None, k, n], 'f32')}", "y")
-            y_el, rounded_to = "f32", xel
+            y_el, rounded_to = "f32", (xel if xel != "f32" else None)  # an f32 layer has nothing to round
         else:
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
             y = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
@@ -493,7 +501,7 @@ def _emit(fname: str, v: OpView, ukernel: str | None, activations: str, decode: 
 
 LAYOUT_ATTR = dialect.LAYOUT_ATTR
 ROW_MAJOR = "mxfp4-rowmajor"
-SUPPORTED_LAYOUTS = (ROW_MAJOR, cpu_grouped.LAYOUT)
+SUPPORTED_LAYOUTS = (ROW_MAJOR, cpu_grouped.LAYOUT, cpu_grouped.ROWS16_LAYOUT)
 
 
 def _layout(v: OpView) -> str:

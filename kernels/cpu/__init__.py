@@ -8,9 +8,11 @@ expert, decodes with table lookups and multiplies with the host's dot-product in
 it and the deploy machine needs no compiler.
 
 Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512bf16`` (AVX-512 with
-AVX512-BF16: exact bf16 dot products, ``vdpbf16ps``) and ``avx2`` (AVX2/FMA/F16C: int16 activations,
+AVX512-BF16 and AVX512-VNNI: exact bf16 dot products, ``vdpbf16ps``; the int8 form's ``vpdpbusd``) and ``avx2`` (AVX2/FMA/F16C: int16 activations,
 ``vpmaddwd``). ``MXMOE_CPU_UKERNEL=avx2`` forces the AVX2 one (the tests use it to keep it tested on an
-AVX-512 host).
+AVX-512 host). Both also hold the int8 form of the cpu target's ``activations="mxint8"`` (``mxint8_rows16.c``,
+included by ``mxfp4_matvec.c``: MXINT8 activations against weights in the ``cpu-mxfp4-rows16`` layout;
+``vpdpbusd`` in the AVX-512 flavor, ``vpmaddubsw`` in the AVX2 one).
 
 :func:`matvec_object` returns the object, or says why there is none (no C compiler, a host without
 AVX2/FMA/F16C, ``MXMOE_CPU_UKERNEL=0``): the lowering then uses its pure-linalg matvec.
@@ -31,21 +33,28 @@ from pathlib import Path
 from mxmoe.core.host import cache_root, has_cpu_features
 
 SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
+#: every file the object is built from (SOURCE includes the others): the cache key hashes them all
+SOURCES = (SOURCE, Path(__file__).with_name("mxint8_rows16.c"))
 #: the C entry point (see the source for its arguments)
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
 #: the C entry point that quantizes its activation rows
 QUANTIZE_SYMBOL = "mxmoe_mxfp4_quantize_rows"
 #: the C entry point that groups the slots by expert
 GROUP_SYMBOL = "mxmoe_group_slots"
+#: the int8-activation form's entry points (activations="mxint8"): the MXINT8 quantizer and the matmul of
+#: weights in the cpu-mxfp4-rows16 layout (``mxint8_rows16.c``)
+MXINT8_QUANTIZE_SYMBOL = "mxmoe_mxint8_quantize_rows"
+ROWS16_SYMBOL = "mxmoe_rows16_grouped_matvec"
 #: freestanding, position independent, nothing from libc: what IREE's embedded ELF linking requires
 BASE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fno-plt",
                "-fno-asynchronous-unwind-tables", "-fvisibility=hidden", "-fno-tree-loop-distribute-patterns")
 #: flavor -> (the CPU features it needs, its -m flags), best first. The cpu target compiles for the host, so
 #: the host must have the features of the flavor it links.
 FLAVORS = {
-    "avx512bf16": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
+    "avx512bf16": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                    "avx512_vnni"),
                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                    "-mavx512bf16")),
+                    "-mavx512bf16", "-mavx512vnni")),
     "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
 }
 #: CPU features any flavor needs
@@ -120,7 +129,7 @@ def matvec_object() -> Ukernel:
 
 def _build(cc: str, version: str, flavor: str) -> Ukernel:
     flags = BASE_CFLAGS + FLAVORS[flavor][1]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *flags]).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags]).encode()).hexdigest()[:20]
     out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}.o"
     if out.is_file():
         return Ukernel(str(out), flavor=flavor)

@@ -4,7 +4,8 @@
  * Linked into IREE dispatches (hal.executable.objects) by the cpu lowering: freestanding C with no libc,
  * no writable globals, no TLS.  Every entry point is one IREE workgroup.  Built in two flavors
  * (mxmoe.kernels.cpu picks the best the host runs): "avx2" (AVX2, FMA, F16C) and "avx512bf16" (also
- * AVX-512 F/BW/VL/DQ and AVX512-BF16), which adds the bf16 path below; the entry points and their
+ * AVX-512 F/BW/VL/DQ, AVX512-BF16 and AVX512-VNNI), which adds the bf16 path below (and vpdpbusd to the int8
+ * form of mxint8_rows16.c, included at the end); the entry points and their
  * buffers are the same in both, so the lowering does not depend on the flavor.
  *
  * Rows: a grouped matmul has S = tokens x top_k rows ("slots", flat token order).  mxmoe_group_slots
@@ -672,3 +673,6 @@ void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, x
   (void)x_kind;
   item_int16(&it, AT(xq) + first * xq_row, AT(xs) + first * scale_row(nb));
 }
+
+/* the int8-activation form (activations="mxint8", weights in the cpu-mxfp4-rows16 layout) */
+#include "mxint8_rows16.c"

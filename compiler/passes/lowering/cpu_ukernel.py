@@ -18,6 +18,11 @@ Used by :mod:`cpu_grouped` at every token count when the microkernel object was 
   result is in token order and what follows (GLU, combine) needs no gather.
 * :func:`executable_text`: the ``stream.executable`` whose function calls a C symbol, with the object
   file attached (``hal.executable.objects``) so ``iree-compile`` links it into the module.
+
+The int8 form (weights in the ``cpu-mxfp4-rows16`` layout, the cpu target's ``activations="mxint8"``) has the
+same three dispatches with other symbols and activation buffers (``int8=True``): the quantizer writes MXINT8
+rows (``[S, K]`` int8 and ``[S, 2 K/32]`` f32 words: block scales, then the int32 offset corrections), and
+the matmul reads them with the rows16 weights (``kernels/cpu/mxint8_rows16.c``).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ from __future__ import annotations
 import re
 
 from mxmoe.compiler.passes.lowering.text import Body, tt
-from mxmoe.kernels.cpu import GROUP_SYMBOL, MATVEC_SYMBOL, QUANTIZE_SYMBOL
+from mxmoe.kernels.cpu import GROUP_SYMBOL, MATVEC_SYMBOL, MXINT8_QUANTIZE_SYMBOL, QUANTIZE_SYMBOL, ROWS16_SYMBOL
 
 #: outputs per matvec workgroup (a multiple of 32, like the padded N)
 TILE_N = 64
+#: outputs per workgroup of the int8 form's matmul (a multiple of its 16-row groups). gpt-oss-20b, 2 threads,
+#: fastest of 45 calls at T = 1 / 4 / 8 / 64: 64 -> 1.40 / 5.55 / 9.62 / 26.6 ms, 128 -> 1.28 / 5.43 / 9.37 / 26.3,
+#: 256 -> 1.36 / 5.37 / 9.12 / 26.1 (2026-11-27): 128 keeps twice 256's workgroups for machines with more cores
+TILE_N_INT8 = 128
 #: activation rows per quantizer workgroup, at least; with many rows, enough per workgroup that there are
 #: at most QUANTIZE_GROUPS workgroups (each costs ~1 us of IREE's task system)
 QUANTIZE_ROWS = 4
@@ -74,13 +83,20 @@ def group_dispatch(b: Body, exe: str, ids: str, e: int, S: str) -> tuple[str, st
     return f"{res}#0", f"{res}#1", f"{res}#2", ni
 
 
+def act_buffers(kk: int, int8: bool) -> tuple[tuple[str, int], int]:
+    """((element type, width) of the quantized activation rows, width of their f32 scale rows)."""
+    return (("i8", kk), 2 * (kk // 32)) if int8 else (("i16", xq_width(kk)), xs_width(kk))
+
+
 def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, counts: str, S: str,
-                      kk: int) -> tuple[str, str]:
-    """(xq [S, xq_width] i16, xs [S, xs_width] f32): sorted row p < nvalid quantized from ``x`` [R, kk]
-    (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``, see :func:`quantize_executable_text`)."""
+                      kk: int, int8: bool = False) -> tuple[str, str]:
+    """(xq [S, xq_width] i16, xs [S, xs_width] f32) (int8: [S, kk] i8 and [S, 2 kk / 32] f32): sorted row p <
+    nvalid quantized from ``x`` [R, kk] (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``, see
+    :func:`quantize_executable_text`)."""
+    (q_el, q_w), s_w = act_buffers(kk, int8)
     res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
-              f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, xq_width(kk)], 'i16')}{{{S}}}, "
-              f"{tt([None, xs_width(kk)], 'f32')}{{{S}}})", "xq", nres=2)
+              f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, q_w], q_el)}{{{S}}}, "
+              f"{tt([None, s_w], 'f32')}{{{S}}})", "xq", nres=2)
     return f"{res}#0", f"{res}#1"
 
 
@@ -91,7 +107,7 @@ def _kind(el: str | None, what: str) -> int:
 
 
 def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                    info: str, ni: str, counts: str, order: str, S: str) -> str:
+                    info: str, ni: str, counts: str, order: str, S: str, int8: bool = False) -> str:
     """[S, n] f32 by slot (bias added; zero rows for the slots with no expert) from one dispatch of
     ``@exe::@exe``.
 
@@ -103,7 +119,8 @@ def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int
         bias_t = tt([1], "f32")
     else:
         bias_v, bias_t = bias[0], tt([e, n], bias[1])
-    types = [f"{tt([None, xq_width(kk)], 'i16')}{{{S}}}", f"{tt([None, xs_width(kk)], 'f32')}{{{S}}}",
+    (q_el, q_w), s_w = act_buffers(kk, int8)
+    types = [f"{tt([None, q_w], q_el)}{{{S}}}", f"{tt([None, s_w], 'f32')}{{{S}}}",
              tt([e, n, kk // 2], "i8"), tt([e, n, kk // 32], "i8"), bias_t, f"{tt([None], 'i64')}{{{ni}}}", tt([2], "i32"),
              f"{tt([None], 'i32')}{{{S}}}", "index"]
     return b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({xq}, {xs}, %w, %s, {bias_v}, {info}, {counts}, {order}, {S}) : "
@@ -167,52 +184,60 @@ def _quantize_rows_lines(out: str, pre: str = "") -> list[str]:
             f"%{pre}per = arith.divui %{pre}su, %{pre}g : index", f"{out} = arith.maxui %{pre}per, %{pre}r : index"]
 
 
-def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int) -> str:
+def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, int8: bool = False) -> str:
     """The executable :func:`quantize_dispatch` calls: row ``order[p] / div`` of x, QUANTIZE_ROWS per workgroup."""
     kind = _kind(x_el, "activation")
-    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), ("xq", "i16", "%nxq"),
+    (q_el, q_w), s_w = act_buffers(kk, int8)
+    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), ("xq", q_el, "%nxq"),
                ("xs", "f32", "%nxs")]
     prelude = ["%wg = hal.interface.workgroup.id[0] : index", f"%nx = arith.muli %R, %c{kk} : index",
-               f"%nxq = arith.muli %S, %c{xq_width(kk)} : index", f"%nxs = arith.muli %S, %c{xs_width(kk)} : index"
+               f"%nxq = arith.muli %S, %c{q_w} : index", f"%nxs = arith.muli %S, %c{s_w} : index"
                ] + _quantize_rows_lines("%rpw")
     grid = _quantize_rows_lines("%rows") + [
         "%one = arith.constant 1 : index", "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
         "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
-    return _executable(exe, obj, QUANTIZE_SYMBOL, "%R: index, %S: index", memrefs,
+    return _executable(exe, obj, MXINT8_QUANTIZE_SYMBOL if int8 else QUANTIZE_SYMBOL, "%R: index, %S: index", memrefs,
                        [f"%c{kk}", f"%c{div}", f"%c{kind}", "%rpw", "%wg"], prelude, grid)
 
 
 def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias_el: str | None,
-                    deinterleave: bool = False) -> str:
+                    deinterleave: bool = False, int8: bool = False) -> str:
     """The executable :func:`matvec_dispatch` calls, linking ``obj`` (the built C kernels). ``deinterleave``:
-    output column o goes to o / 2 (even o) or n / 2 + o / 2 (odd o), interleaved gate/up rows to halves."""
+    output column o goes to o / 2 (even o) or n / 2 + o / 2 (odd o), interleaved gate/up rows to halves.
+    ``int8``: the rows16 matmul of MXINT8 rows (n a multiple of 16, the layout's row groups)."""
     if deinterleave and n % 2:
         raise ValueError(f"cpu microkernel: cannot deinterleave an odd number of outputs ({n})")
+    if int8 and n % 16:
+        raise ValueError(f"cpu microkernel: the rows16 layout needs outputs in groups of 16, got {n}")
     nb = kk // 32
     kind = _kind(bias_el, "bias")
     bias_len = e * n if kind else 1
-    memrefs = [("xq", "i16", "%nxq"), ("xs", "f32", "%nxs"), ("w", "i8", f"%c{e * n * kk // 2}"),
+    (q_el, q_w), s_w = act_buffers(kk, int8)
+    memrefs = [("xq", q_el, "%nxq"), ("xs", "f32", "%nxs"), ("w", "i8", f"%c{e * n * kk // 2}"),
                ("s", "i8", f"%c{e * n * nb}"), ("bias", bias_el or "f32", f"%c{bias_len}"),
                ("info", "i64", "%ni"), ("counts", "i32", "%c2"), ("order", "i32", "%S"), ("out", "f32", "%nout")]
     prelude = ["%tile = hal.interface.workgroup.id[0] : index", "%u = hal.interface.workgroup.id[1] : index",
-               f"%nxq = arith.muli %S, %c{xq_width(kk)} : index", f"%nxs = arith.muli %S, %c{xs_width(kk)} : index",
+               f"%nxq = arith.muli %S, %c{q_w} : index", f"%nxs = arith.muli %S, %c{s_w} : index",
                f"%nout = arith.muli %S, %c{n} : index"] + _info_lines(e)
     # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
     # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
-    grid = [f"%tiles = arith.constant {-(-n // TILE_N)} : index", f"%e = arith.constant {e} : index",
+    tile_n = TILE_N_INT8 if int8 else TILE_N
+    grid = [f"%tiles = arith.constant {-(-n // tile_n)} : index", f"%e = arith.constant {e} : index",
             f"%chunk = arith.constant {ROW_CHUNK} : index", "%one = arith.constant 1 : index",
             "%used = arith.minui %S, %e : index", "%whole = arith.divui %S, %chunk : index",
             "%items = arith.addi %used, %whole : index", "%slots = arith.addi %items, %one : index",
             "stream.return %tiles, %slots, %one : index, index, index"]
-    return _executable(exe, obj, MATVEC_SYMBOL, "%S: index", memrefs,
-                       ["%S", f"%c{n}", f"%c{kk}", f"%c{_kind(x_el, 'activation')}", f"%c{kind}", f"%c{int(deinterleave)}",
-                        f"%c{TILE_N}", "%tile", "%u"], prelude, grid)
+    act = [] if int8 else [f"%c{_kind(x_el, 'activation')}"]  # the int8 matmul reads one activation form
+    return _executable(exe, obj, ROWS16_SYMBOL if int8 else MATVEC_SYMBOL, "%S: index", memrefs,
+                       ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{int(deinterleave)}",
+                        f"%c{tile_n}", "%tile", "%u"], prelude, grid)
 
 
 def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: int, bias_el: str | None,
-                deinterleave: bool) -> tuple[tuple[str, str, str], list[str]]:
+                deinterleave: bool, int8: bool = False) -> tuple[tuple[str, str, str], list[str]]:
     """The names (group, quantize, matvec) and texts of the three executables one grouped matmul
-    (function ``fname``) dispatches."""
+    (function ``fname``) dispatches; ``int8``: the MXINT8 / rows16 form."""
     names = (f"{fname}_group", f"{fname}_quantize", f"{fname}_ukernel")
-    return names, [group_executable_text(names[0], obj, e), quantize_executable_text(names[1], obj, kk, x_el, div),
-                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave)]
+    return names, [group_executable_text(names[0], obj, e),
+                   quantize_executable_text(names[1], obj, kk, x_el, div, int8),
+                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, int8)]

@@ -42,4 +42,4 @@ func.func @malformed(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w13: tensor<
 
 // An unregistered layout name is rejected before anything runs.
 // RUN: not mxmoe-opt %s --passes='mxmoe-assign-layout{no-such-layout}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
-// UNKNOWN: error: mxmoe-assign-layout: unknown layout 'no-such-layout' (known: cpu-mxfp4-blocksplit, mxfp4-rowmajor, triton-mxfp4-hopper, triton-mxfp4-hopper-tiled)
+// UNKNOWN: error: mxmoe-assign-layout: unknown layout 'no-such-layout' (known: cpu-mxfp4-blocksplit, cpu-mxfp4-rows16, mxfp4-rowmajor, triton-mxfp4-hopper, triton-mxfp4-hopper-tiled)

@@ -1,0 +1,297 @@
+/* mxmoe CPU microkernels, int8-activation form (included by mxfp4_matvec.c, which defines MEMREF, AT, the
+ * element kinds, item_t / store / out_col and load8 / hmax_epi32): the opt-in activations="mxint8" of the
+ * cpu target.
+ *
+ * Activations (mxmoe_mxint8_quantize_rows): OCP MXINT8 per 32-value block.  E = the binary exponent of the
+ * block's largest magnitude (floor(log2 amax), clamped to [-100, 127] like the int16 path), the element
+ * q = round(x * 2^(6 - E)) to nearest even, saturated to [-127, 127] (so the value is q x 2^(E - 6): the
+ * OCP scale 2^E with int8 elements of 2^-6 units; the largest magnitude lands in [64, 127], a value at or
+ * above 127.5 x 2^(E - 6) saturates to 127, and -128 is never produced).  Stored: xq [S, k] int8 in natural
+ * order, xs [S, 2 nb]: xs[b] = 2^(E - 7) (the block scale over 2: the decode yields 2 x the e2m1 value),
+ * and at xs[nb + b] the int32 -12 x sum(q) of the block (the offset correction below).  A block holding an
+ * inf or NaN gets q = 0, correction 0 and a NaN scale (its outputs are NaN).
+ *
+ * Weights: the cpu-mxfp4-rows16 layout (mxmoe.core.swizzle.rows16_swizzle).  Each expert's rows go in
+ * groups of 16 (n is a multiple of 16: the cpu target pads it to 32); per group and 32-value block, 256
+ * bytes in 4 chunks j of 64 bytes; in chunk j, bytes 4i..4i+3 belong to row i of the group: their low
+ * nibbles are its values 4j..4j+3 of the block, their high nibbles its values 16+4j..16+4j+3.  The scales
+ * go the same way: per group and block, the 16 rows' e8m0 bytes side by side.  So one 64-byte load,
+ * split into nibble planes and looked up (vpshufb) in a table of 2 x e2m1 + 12 (0..24, unsigned), is
+ * the u8 operand of two vpdpbusd whose s8 operand is 4 activations broadcast to the 16 int32 lanes: lane
+ * i accumulates row i.  A block is 8 vpdpbusd into one int32 register started at the correction
+ * -12 x sum(q), which takes the +12 offset back: the register holds sum(2 w q) exactly (|.| <= 32 x 12 x
+ * 127 < 2^24, so its f32 conversion is exact too), and it is scaled once, by (weight scale x activation
+ * scale), into an f32 accumulator with one FMA.  Only the f32 accumulation over blocks rounds, in block
+ * order for every row, whatever the number of rows computed together (batch invariant).
+ *
+ * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
+ * halves of 8 rows, vpmaddubsw + vpmaddwd: the u8 x s8 products of a lane pair are <= 6096, four of them
+ * summed in int16 <= 24384, no saturation).
+ */
+
+/* 2 x the e2m1 value of the codes 0..15, plus 12: an unsigned byte 0..24 */
+#define E2M1_X2_U8 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+#define R16_OFFSET 12
+
+typedef int32_t __attribute__((may_alias, aligned(1))) i32u_t;
+
+/* bytes ahead of the weights being read that the matmul prefetches (one cache line per 64-byte chunk).
+ * Single-thread harness (benchmarks/cpu_rows16.c), weights streamed from DRAM, 1 / 2 / 3 rows: 21.4 / 16.7 /
+ * 12.4 GB/s without, 27.6-28.2 / 22.4-23.2 / 17.8-18.2 at 4096 (2048: 25-26 / 21 / 17-18; 8192: 26.7 / 22.0 /
+ * 17.0); in L2 no change. */
+#ifndef R16_PREFETCH
+#define R16_PREFETCH 4096
+#endif
+
+/* the f32 words of a quantized row: nb scales, then nb int32 corrections */
+static inline size_t mxint8_xs_row(size_t nb) { return 2 * nb; }
+
+/* 8 int32 -> 8 int8 are done 32 at a time: q0..q3 (8 each, values in [-127, 127]) -> 32 bytes in order */
+static inline __m256i pack32_epi8(__m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* One row of k activations (kind) -> MXINT8 elements (natural order) and its xs words. */
+static void mxint8_row(const void *x, size_t kind, size_t k, int8_t *xq, float *xs) {
+  const size_t nb = k / 32;
+  int32_t *corr = (int32_t *)(xs + nb);
+  const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF), hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  for (size_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256i m = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = load8(x, kind, 32 * b + 8 * j);
+      m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_castps_si256(v[j]), absmask));
+    }
+    const int32_t ebits = hmax_epi32(m) >> 23;
+    int32_t e = ebits - 127;
+    e = e < -100 ? -100 : e > 127 ? 127 : e;
+    union { uint32_t u; float f; } up = {(uint32_t)(6 - e + 127) << 23}, sc = {(uint32_t)(e - 7 + 127) << 23};
+    const int finite = ebits != 255;
+    __m256i q[4], sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      /* round to nearest even (the MXCSR default), saturate to +-127 */
+      q[j] = finite ? _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(up.f))) : _mm256_setzero_si256();
+      q[j] = _mm256_min_epi32(_mm256_max_epi32(q[j], lo), hi);
+      sum = _mm256_add_epi32(sum, q[j]);
+    }
+    _mm256_storeu_si256((__m256i *)(xq + 32 * b), pack32_epi8(q[0], q[1], q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    if (!finite) sc.u = 0x7FC00000u;
+    xs[b] = sc.f;
+    corr[b] = -R16_OFFSET * _mm_cvtsi128_si32(s4);
+  }
+}
+
+/* x: rows of k activations of x_kind; sorted row p comes from row order[p] / div.  xq: [S, k] int8, xs:
+ * [S, 2 nb] (see the top of this file).  Workgroup wg quantizes sorted rows [wg * rows_per_wg,
+ * +rows_per_wg) of the first counts[1] (the valid slots, mxmoe_group_slots). */
+void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
+                                MEMREF(const int32_t, counts), MEMREF(int8_t, xq), MEMREF(float, xs), size_t k,
+                                size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
+  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)AT(counts)[1];
+  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
+  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
+    const char *src = (const char *)AT(x) + (size_t)AT(order)[p] / div * k * esize;
+    mxint8_row(src, x_kind, k, AT(xq) + p * k, AT(xs) + p * mxint8_xs_row(nb));
+  }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define MXMOE_VNNI 1
+/* the most activation rows one pass over a weight group holds in registers (the GEMM form).  12 measured
+ * no faster (harness, L2: 322 vs 331 G op/s at 12 rows, equal at 16-64) */
+#define R16_MAX_ROWS 8
+
+/* R activation rows (int8 at x, stride xrow; xs words at xsv, stride xsrow) against one group of 16 weight
+ * rows (wg: nb x 256 bytes, sg: nb x 16 scale bytes): res[r] lane i = row i's dot product with row r.
+ * Every loaded and decoded block meets the R rows in registers. */
+#define R16_ROWS(R)                                                                                     \
+  static void r16_rows_##R(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow, \
+                           const float *xsv, size_t xsrow, __m512 *res) {                              \
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_X2_U8)), low4 = _mm512_set1_epi8(0x0F); \
+    __m512 acc[R];                                                                                     \
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                          \
+    for (size_t b = 0; b < nb; ++b) {                                                                  \
+      const __m512i sb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sg + 16 * b)));        \
+      const __m512 ws = _mm512_castsi512_ps(_mm512_mask_mov_epi32(                                     \
+          _mm512_slli_epi32(sb, 23), _mm512_cmpeq_epi32_mask(sb, _mm512_setzero_si512()),              \
+          _mm512_set1_epi32(0x00400000)));                                                             \
+      __m512i d[8];                                                                                    \
+      for (int j = 0; j < 4; ++j) {                                                                    \
+        _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);               \
+        const __m512i raw = _mm512_loadu_si512((const void *)(wg + 256 * b + 64 * j));                 \
+        d[2 * j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, low4));                              \
+        d[2 * j + 1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));    \
+      }                                                                                                \
+      for (int r = 0; r < R; ++r) {                                                                    \
+        const i32u_t *xi = (const i32u_t *)(x + r * xrow + 32 * b);                                    \
+        const float *xw = xsv + r * xsrow;                                                             \
+        __m512i t = _mm512_set1_epi32(((const i32u_t *)(xw + nb))[b]);                                 \
+        for (int j = 0; j < 4; ++j) {                                                                  \
+          t = _mm512_dpbusd_epi32(t, d[2 * j], _mm512_set1_epi32(xi[j]));                              \
+          t = _mm512_dpbusd_epi32(t, d[2 * j + 1], _mm512_set1_epi32(xi[4 + j]));                      \
+        }                                                                                              \
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(ws, _mm512_set1_ps(xw[b])), acc[r]); \
+      }                                                                                                \
+    }                                                                                                  \
+    for (int r = 0; r < R; ++r) res[r] = acc[r];                                                       \
+  }
+R16_ROWS(1)
+R16_ROWS(2)
+R16_ROWS(3)
+R16_ROWS(4)
+R16_ROWS(5)
+R16_ROWS(6)
+R16_ROWS(7)
+R16_ROWS(8)
+
+static void r16_rows(size_t R, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow,
+                     const float *xsv, size_t xsrow, float (*res)[16]) {
+  __m512 v[R16_MAX_ROWS];
+  switch (R) {
+    case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 2: r16_rows_2(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 3: r16_rows_3(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 4: r16_rows_4(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 5: r16_rows_5(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 6: r16_rows_6(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 7: r16_rows_7(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    default: r16_rows_8(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+  }
+  for (size_t r = 0; r < R; ++r) _mm512_storeu_ps(res[r], v[r]);
+}
+
+#else
+#define MXMOE_VNNI 0
+#define R16_MAX_ROWS 4
+
+/* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 */
+#define R16_ROWS(R)                                                                                     \
+  static void r16_rows_##R(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow, \
+                           const float *xsv, size_t xsrow, __m256 *res) {                              \
+    const __m256i lut = _mm256_setr_epi8(E2M1_X2_U8, E2M1_X2_U8), low4 = _mm256_set1_epi8(0x0F);       \
+    const __m256i ones = _mm256_set1_epi16(1);                                                         \
+    __m256 acc[2 * R];                                                                                 \
+    for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_ps();                                      \
+    for (size_t b = 0; b < nb; ++b) {                                                                  \
+      for (int h = 0; h < 2; ++h) {                                                                    \
+        const __m256i sb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sg + 16 * b + 8 * h))); \
+        const __m256i zero = _mm256_cmpeq_epi32(sb, _mm256_setzero_si256());                           \
+        const __m256 ws = _mm256_castsi256_ps(_mm256_or_si256(                                         \
+            _mm256_slli_epi32(sb, 23), _mm256_and_si256(zero, _mm256_set1_epi32(0x00400000))));        \
+        __m256i d[8];                                                                                  \
+        for (int j = 0; j < 4; ++j) {                                                                  \
+          if (!h) _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);     \
+          const __m256i raw = _mm256_loadu_si256((const __m256i *)(wg + 256 * b + 64 * j + 32 * h));   \
+          d[2 * j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, low4));                            \
+          d[2 * j + 1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));  \
+        }                                                                                              \
+        for (int r = 0; r < R; ++r) {                                                                  \
+          const i32u_t *xi = (const i32u_t *)(x + r * xrow + 32 * b);                                  \
+          const float *xw = xsv + r * xsrow;                                                           \
+          __m256i s[2];                                                                                \
+          for (int q = 0; q < 2; ++q) /* chunks 2q, 2q + 1: four lane pairs summed in int16 */         \
+            s[q] = _mm256_add_epi16(                                                                   \
+                _mm256_add_epi16(_mm256_maddubs_epi16(d[4 * q], _mm256_set1_epi32(xi[2 * q])),         \
+                                 _mm256_maddubs_epi16(d[4 * q + 1], _mm256_set1_epi32(xi[4 + 2 * q]))), \
+                _mm256_add_epi16(_mm256_maddubs_epi16(d[4 * q + 2], _mm256_set1_epi32(xi[2 * q + 1])), \
+                                 _mm256_maddubs_epi16(d[4 * q + 3], _mm256_set1_epi32(xi[5 + 2 * q])))); \
+          const __m256i t = _mm256_add_epi32(                                                          \
+              _mm256_set1_epi32(((const i32u_t *)(xw + nb))[b]),                                       \
+              _mm256_add_epi32(_mm256_madd_epi16(s[0], ones), _mm256_madd_epi16(s[1], ones)));         \
+          acc[2 * r + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(ws, _mm256_set1_ps(xw[b])), \
+                                           acc[2 * r + h]);                                            \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    for (int r = 0; r < 2 * R; ++r) res[r] = acc[r];                                                   \
+  }
+R16_ROWS(1)
+R16_ROWS(2)
+R16_ROWS(3)
+R16_ROWS(4)
+
+static void r16_rows(size_t R, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow,
+                     const float *xsv, size_t xsrow, float (*res)[16]) {
+  __m256 v[2 * R16_MAX_ROWS];
+  switch (R) {
+    case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 2: r16_rows_2(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    case 3: r16_rows_3(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    default: r16_rows_4(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+  }
+  for (size_t r = 0; r < R; ++r) {
+    _mm256_storeu_ps(res[r], v[2 * r]);
+    _mm256_storeu_ps(res[r] + 8, v[2 * r + 1]);
+  }
+}
+#endif
+
+/* Row r's outputs o0..o0+15 (res, plus bias) to its slot, as store() would put them one by one: 16 contiguous
+ * columns, or with deinterleave the 8 even outputs at o0 / 2.. and the 8 odd ones at n / 2 + o0 / 2.. (n and o0
+ * are multiples of 16).  Plain loops the compiler vectorizes, the bias converted once per group: in place of a
+ * store() per value (its bias-kind switch and column arithmetic each time), +1-2% at 8-64 rows in the harness
+ * without bias. */
+static inline void store16(const item_t *it, size_t o0, const float *bias, size_t r, const float *res) {
+  float *row = it->out + (size_t)it->slot[r] * it->n;
+  if (!it->deinterleave) {
+    for (size_t o = 0; o < 16; ++o) row[o0 + o] = res[o] + bias[o];
+    return;
+  }
+  float *even = row + o0 / 2, *odd = row + it->n / 2 + o0 / 2;
+  for (size_t i = 0; i < 8; ++i) {
+    even[i] = res[2 * i] + bias[2 * i];
+    odd[i] = res[2 * i + 1] + bias[2 * i + 1];
+  }
+}
+
+/* One work item: its rows in passes of at most R16_MAX_ROWS (as equal as they can be) per group of 16
+ * outputs, the group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
+static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
+  const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
+  const size_t passes = (rows + R16_MAX_ROWS - 1) / R16_MAX_ROWS;
+  for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) {
+    const uint8_t *wg = it->w + o0 * 16 * nb, *sg = it->s + o0 * nb;
+    float bias[16];
+    for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
+    for (size_t i = 0; i < passes; ++i) {
+      const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
+      float res[R16_MAX_ROWS][16];
+      r16_rows(r1 - r0, wg, sg, nb, xq0 + r0 * k, k, xs0 + r0 * xs_row, xs_row, res);
+      for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
+    }
+  }
+}
+
+/* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows); w: [E, n, k / 2] and s: [E, n, k / 32]
+ * in the rows16 layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n,
+ * tile, u, deinterleave: as mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16). */
+void mxmoe_rows16_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, xs),
+                                 MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
+                                 MEMREF(const void, bias), MEMREF(const int64_t, info),
+                                 MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
+                                 MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
+                                 size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+  const size_t items = (size_t)AT(counts)[0], n0 = tile * tile_n;
+  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
+  float *ys = AT(out);
+  if (u == items) { /* the slots with no expert: zero rows */
+    for (size_t p = (size_t)AT(counts)[1]; p < S; ++p) {
+      float *row = ys + (size_t)AT(order)[p] * n;
+      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
+    }
+    return;
+  }
+  if (u > items) return;
+  const size_t first = (size_t)AT(info)[2 * u];
+  const uint64_t pk = (uint64_t)AT(info)[2 * u + 1];
+  const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
+  item_t it = {AT(w) + id * n * (k / 2), AT(s) + id * n * nb,
+               (const char *)AT(bias) + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
+               pk >> 32, n0, n1, AT(order) + first, ys};
+  item_rows16(&it, AT(xq) + first * k, AT(xs) + first * mxint8_xs_row(nb));
+}
