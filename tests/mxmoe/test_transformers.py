@@ -145,6 +145,26 @@ def test_bf16_on_the_cpu_microkernel():
     assert _rel(_logits(model, "mxmoe", ids), _logits(model, "eager", ids)) < 5e-2
 
 
+def test_a_target_object_picks_the_cpu_int8_form():
+    """``target`` may be a target with its options: the cpu target's MXINT8 form runs each experts call at MXINT8's
+    error (~2%) against eager with the dequantized weights (logits can move more: a later router near a tie)."""
+    from mxmoe.compiler.targets import get_target
+
+    model = _mixtral(dtype=torch.bfloat16, seed=7)
+    report = mt.quantize_experts(model, target=get_target("cpu").with_activations("mxint8"))
+    assert quantized_state(model.model.layers[0].mlp.experts).target.activations == "mxint8", report
+    mt.dequantize_experts(model)
+    ex = model.model.layers[0].mlp.experts
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 64, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(16)])
+    w = torch.rand(16, 2, generator=g)
+    y = mxmoe_experts_forward(ex, x, ids, w)
+    model.set_experts_implementation("eager")
+    err = _rel(y.float(), ex(x, ids, w).float())
+    assert 1e-3 < err < 5e-2, err  # above the bf16 form's rounding: the activations were quantized
+
+
 def test_expert_parallel_sentinel_contributes_nothing():
     """transformers marks a pair routed to another rank's expert with id E: it adds nothing (the cpu target's
     default blocksplit lowering)."""
