@@ -134,6 +134,8 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
           _mm512_slli_epi32(sb, 23), _mm512_cmpeq_epi32_mask(sb, _mm512_setzero_si512()),              \
           _mm512_set1_epi32(0x00400000)));                                                             \
       __m512i d[8];                                                                                    \
+      /* the next group's scales, which item_rows16 scans before its first pass */                     \
+      if (b % 4 == 0) _mm_prefetch((const char *)(sg + 16 * (nb + b)), _MM_HINT_T0);                   \
       for (int j = 0; j < 4; ++j) {                                                                    \
         _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);               \
         const __m512i raw = _mm512_loadu_si512((const void *)(wg + 256 * b + 64 * j));                 \
