@@ -110,6 +110,8 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
 /* the rows whose 8-deep vpdpbusd chains run interleaved (the chain of one row alone waits on vpdpbusd's latency;
  * 8 chains + 8 decoded registers + their f32 accumulators fit the 32 zmm) */
 #define R16_IL 8
+/* the fewest rows of a work item that use the exponent-add scale form (item_rows16) */
+#define R16_FAST_ROWS 4
 
 /* The block's scale product ws x xs for one row, two ways giving the same bits.  Slow: vmulps.  Fast: both
  * are powers of two, so their product's bits are the sum of their bits less 127 << 23, exact where ws is
@@ -135,7 +137,7 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
           _mm512_set1_epi32(0x00400000)));                                                             \
       __m512i d[8];                                                                                    \
       /* the next group's scales, which item_rows16 scans before its first pass */                     \
-      if (b % 4 == 0) _mm_prefetch((const char *)(sg + 16 * (nb + b)), _MM_HINT_T0);                   \
+      if (R >= R16_FAST_ROWS && b % 4 == 0) _mm_prefetch((const char *)(sg + 16 * (nb + b)), _MM_HINT_T0); \
       for (int j = 0; j < 4; ++j) {                                                                    \
         _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);               \
         const __m512i raw = _mm512_loadu_si512((const void *)(wg + 256 * b + 64 * j));                 \
@@ -193,6 +195,7 @@ static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, s
 #else
 #define MXMOE_VNNI 0
 #define R16_MAX_ROWS 4
+#define R16_FAST_ROWS 4 /* unused: one scale form here */
 
 /* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 */
 #define R16_ROWS(R)                                                                                     \
@@ -286,15 +289,11 @@ static inline int r16_fast(int wlo, int whi, int xlo, int xhi) {
   return wlo >= 1 && xhi <= 254 && wlo + xlo - 127 >= 1 && whi + xhi - 127 <= 254;
 }
 
-/* One work item: its rows in passes of at most R16_MAX_ROWS (as equal as they can be) per group of 16
- * outputs, the group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
-static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
-  const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
-  const size_t passes = (rows + R16_MAX_ROWS - 1) / R16_MAX_ROWS;
-  /* the exponent fields of the rows' block scales (positive powers of two or the NaN 0x7FC00000: the bits
-   * order as the fields do) */
+/* the least and greatest exponent field of the block scales of `rows` quantized rows (xs words: positive
+ * powers of two, or the NaN 0x7FC00000 of a non-finite block: their bits order as their fields) */
+static void xs_field_range(const float *xs0, size_t xs_row, size_t nb, size_t rows, int *lo, int *hi) {
   __m256i xmin = _mm256_set1_epi32(-1), xmax = _mm256_setzero_si256();
-  uint32_t smin = 0xFFFFFFFFu, smax = 0;
+  uint32_t smin = 0xFFFFFFFFu, smax = 0, lanes[16];
   for (size_t r = 0; r < rows; ++r) {
     const uint32_t *xw = (const uint32_t *)(xs0 + r * xs_row);
     size_t b = 0;
@@ -308,31 +307,53 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
       smax = xw[b] > smax ? xw[b] : smax;
     }
   }
-  uint32_t lanes[16];
   _mm256_storeu_si256((__m256i *)lanes, xmin);
   _mm256_storeu_si256((__m256i *)(lanes + 8), xmax);
   for (int i = 0; i < 8; ++i) {
     smin = lanes[i] < smin ? lanes[i] : smin;
     smax = lanes[8 + i] > smax ? lanes[8 + i] : smax;
   }
-  const int xlo = (int)(smin >> 23), xhi = (int)(smax >> 23);
+  *lo = (int)(smin >> 23);
+  *hi = (int)(smax >> 23);
+}
+
+/* the least and greatest scale byte of one group (nb x 16 bytes) */
+static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
+  __m128i bmin = _mm_set1_epi8(-1), bmax = _mm_setzero_si128();
+  for (size_t b = 0; b < nb; ++b) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(sg + 16 * b));
+    bmin = _mm_min_epu8(bmin, v);
+    bmax = _mm_max_epu8(bmax, v);
+  }
+  uint8_t bl[32];
+  _mm_storeu_si128((__m128i *)bl, bmin);
+  _mm_storeu_si128((__m128i *)(bl + 16), bmax);
+  *lo = 255;
+  *hi = 0;
+  for (int i = 0; i < 16; ++i) {
+    *lo = bl[i] < *lo ? bl[i] : *lo;
+    *hi = bl[16 + i] > *hi ? bl[16 + i] : *hi;
+  }
+}
+
+/* One work item: its rows in passes of at most R16_MAX_ROWS (as equal as they can be) per group of 16
+ * outputs, the group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
+static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
+  const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
+  const size_t passes = (rows + R16_MAX_ROWS - 1) / R16_MAX_ROWS;
+  /* the scale form: the exponent add only where it pays (the GEMM passes of the AVX-512 flavor: at 1-3 rows
+   * the decode, not the FMA pipes, bounds the pass, and the scans cost the matvec 5-10% in the harness) */
+  const int try_fast = MXMOE_VNNI && rows >= R16_FAST_ROWS;
+  int xlo = 0, xhi = 255;
+  if (try_fast) xs_field_range(xs0, xs_row, nb, rows, &xlo, &xhi);
   for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) {
     const uint8_t *wg = it->w + o0 * 16 * nb, *sg = it->s + o0 * nb;
-    __m128i bmin = _mm_set1_epi8(-1), bmax = _mm_setzero_si128(); /* the group's scale bytes: nb x 16 */
-    for (size_t b = 0; b < nb; ++b) {
-      const __m128i v = _mm_loadu_si128((const __m128i *)(sg + 16 * b));
-      bmin = _mm_min_epu8(bmin, v);
-      bmax = _mm_max_epu8(bmax, v);
+    int fast = 0;
+    if (try_fast) {
+      int wlo, whi;
+      scale_byte_range(sg, nb, &wlo, &whi);
+      fast = r16_fast(wlo, whi, xlo, xhi);
     }
-    uint8_t bl[32];
-    _mm_storeu_si128((__m128i *)bl, bmin);
-    _mm_storeu_si128((__m128i *)(bl + 16), bmax);
-    int wlo = 255, whi = 0;
-    for (int i = 0; i < 16; ++i) {
-      wlo = bl[i] < wlo ? bl[i] : wlo;
-      whi = bl[16 + i] > whi ? bl[16 + i] : whi;
-    }
-    const int fast = r16_fast(wlo, whi, xlo, xhi);
     float bias[16];
     for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
     for (size_t i = 0; i < passes; ++i) {
