@@ -21,7 +21,8 @@
  * i accumulates row i.  A block is 8 vpdpbusd into one int32 register started at the correction
  * -12 x sum(q), which takes the +12 offset back: the register holds sum(2 w q) exactly (|.| <= 32 x 12 x
  * 127 < 2^24, so its f32 conversion is exact too), and it is scaled once, by (weight scale x activation
- * scale), into an f32 accumulator with one FMA.  Only the f32 accumulation over blocks rounds, in block
+ * scale), into an f32 accumulator with one FMA (the scale product by vmulps, or in the GEMM passes by adding
+ * the two powers of two's bits where that gives the same bits: R16_SCALE_1, r16_fast).  Only the f32 accumulation over blocks rounds, in block
  * order for every row, whatever the number of rows computed together (batch invariant).
  *
  * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
@@ -102,10 +103,10 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define MXMOE_VNNI 1
-/* the most activation rows one pass over a weight group holds (the GEMM form).  Single-thread harness, L2,
- * G op/s at 8 / 12 / 16 / 64 rows: 8-row passes 328-333 / 324 / 331 / 330 (rows one after another), 352-355 /
- * 346 / 353 / 352 with the rows interleaved (R16_IL), 368 / 362 / 366 / 363 with the fast scale below; passes
- * of 16: 366-370 / 377-383 / 372-377 / 363-376 (2026-11-27, load 2.5-3.3). */
+/* the most activation rows one pass over a weight group holds (the GEMM form).  Single-thread harness, G op/s:
+ * main's 8-row passes (rows one after another, vmulps scales) 331-333 in L2 at 8-64 rows; this kernel built with
+ * passes of 8 / 16 at 12 / 16 / 24 / 64 rows: L2 349-357 / 369-374, weights from DRAM 304-345 / 345-357
+ * (2026-11-27, docs/cpu.md "The int8 form"). */
 #define R16_MAX_ROWS 16
 /* the rows whose 8-deep vpdpbusd chains run interleaved (the chain of one row alone waits on vpdpbusd's latency;
  * 8 chains + 8 decoded registers + their f32 accumulators fit the 32 zmm) */
