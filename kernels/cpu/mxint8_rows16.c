@@ -22,8 +22,9 @@
  * -12 x sum(q), which takes the +12 offset back: the register holds sum(2 w q) exactly (|.| <= 32 x 12 x
  * 127 < 2^24, so its f32 conversion is exact too), and it is scaled once, by (weight scale x activation
  * scale), into an f32 accumulator with one FMA (the scale product by vmulps, or in the GEMM passes by adding
- * the two powers of two's bits where that gives the same bits: R16_SCALE_1, r16_fast).  Only the f32 accumulation over blocks rounds, in block
- * order for every row, whatever the number of rows computed together (batch invariant).
+ * the two powers of two's bits where that gives the same bits: R16_SCALE_1, r16_fast).  Only the f32
+ * accumulation over blocks rounds, in block order for every row, whatever the number of rows computed
+ * together (batch invariant).
  *
  * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
  * halves of 8 rows, vpmaddubsw + vpmaddwd: the u8 x s8 products of a lane pair are <= 6096, four of them
@@ -117,11 +118,12 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
 /* The block's scale product ws x xs for one row, two ways giving the same bits.  Slow: vmulps.  Fast: both
  * are powers of two, so their product's bits are the sum of their bits less 127 << 23, exact where ws is
  * normal (its byte >= 1) and the product is normal (1 <= its exponent field <= 254; xs is never subnormal
- * nor NaN there): r16_fast says where.  vpaddd runs on any FP pipe, vmulps on the two that vpdpbusd and the
- * FMA need (Zen 4: 12 vpdpbusd + 4 vmulps take 16 cycles, + 4 vpaddd 12). */
+ * nor NaN there): r16_fast says where.  On Zen 4 vmulps (and vfmadd) share vpdpbusd's two pipes, vpaddd does
+ * not (a loop of 12 vpdpbusd + 4 vmulps: 352 G op/s of vpdpbusd; + 4 vpaddd: 470, the peak). */
 #define R16_SCALE_0(ws, xsw) _mm512_mul_ps(ws, _mm512_set1_ps(*(xsw)))
-#define R16_SCALE_1(ws, xsw) \
-  _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(ws), _mm512_set1_epi32(*(const i32u_t *)(xsw) - (127 << 23))))
+#define R16_SCALE_1(ws, xsw)                          \
+  _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(ws), \
+                                       _mm512_set1_epi32(*(const i32u_t *)(xsw) - (127 << 23))))
 
 /* R activation rows (int8 at x, stride xrow; xs words at xsv, stride xsrow) against one group of 16 weight
  * rows (wg: nb x 256 bytes, sg: nb x 16 scale bytes): res[r] lane i = row i's dot product with row r.
@@ -167,8 +169,9 @@ R16_ROWS_BOTH(7) R16_ROWS_BOTH(8) R16_ROWS_BOTH(9) R16_ROWS_BOTH(10) R16_ROWS_BO
 R16_ROWS_BOTH(13) R16_ROWS_BOTH(14) R16_ROWS_BOTH(15) R16_ROWS_BOTH(16)
 
 /* A switch per scale form, not a table of pointers nor one switch of both forms: the passes inline, their
- * accumulators a local array the compiler keeps in registers (harness: through a pointer -5-10%, both forms
- * in one function -5% at 4 and 16 rows). */
+ * accumulators a local array the compiler keeps in registers (harness, L2, G op/s at 4 / 8 / 16 rows: 326 /
+ * 366 / 369; one switch of both forms 320 / 366 / 364; pointers, accumulators through a pointer 312 / 339 /
+ * 329). */
 #define R16_CASE(R, FAST) \
   case R: r16_rows_##R##_##FAST(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
 #define R16_DISPATCH(FAST)                                                                                   \
@@ -246,7 +249,7 @@ R16_ROWS(4)
 
 static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,
                      size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
-  (void)fast; /* one form here: vpmaddwd, not the FMA pipes' vpdpbusd, is this flavor's bound */
+  (void)fast; /* one scale form (vmulps) in this flavor: the exponent add was not tried here */
   __m256 v[2 * R16_MAX_ROWS];
   switch (R) {
     case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
