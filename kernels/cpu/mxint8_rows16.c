@@ -21,8 +21,10 @@
  * i accumulates row i.  A block is 8 vpdpbusd into one int32 register started at the correction
  * -12 x sum(q), which takes the +12 offset back: the register holds sum(2 w q) exactly (|.| <= 32 x 12 x
  * 127 < 2^24, so its f32 conversion is exact too), and it is scaled once, by (weight scale x activation
- * scale), into an f32 accumulator with one FMA.  Only the f32 accumulation over blocks rounds, in block
- * order for every row, whatever the number of rows computed together (batch invariant).
+ * scale), into an f32 accumulator with one FMA (the scale product by vmulps, or in the GEMM passes by adding
+ * the two powers of two's bits where that gives the same bits: R16_SCALE_1, r16_fast).  Only the f32
+ * accumulation over blocks rounds, in block order for every row, whatever the number of rows computed
+ * together (batch invariant).
  *
  * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
  * halves of 8 rows, vpmaddubsw + vpmaddwd: the u8 x s8 products of a lane pair are <= 6096, four of them
@@ -102,72 +104,102 @@ void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, ord
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define MXMOE_VNNI 1
-/* the most activation rows one pass over a weight group holds in registers (the GEMM form).  12 measured
- * no faster (harness, L2: 322 vs 331 G op/s at 12 rows, equal at 16-64) */
-#define R16_MAX_ROWS 8
+/* the most activation rows one pass over a weight group holds (the GEMM form).  Single-thread harness, G op/s:
+ * main's 8-row passes (rows one after another, vmulps scales) 331-333 in L2 at 8-64 rows; this kernel built with
+ * passes of 8 / 16 at 12 / 16 / 24 / 64 rows: L2 349-357 / 369-374, weights from DRAM 304-345 / 345-357
+ * (2026-11-27, docs/cpu.md "The int8 form"). */
+#define R16_MAX_ROWS 16
+/* the rows whose 8-deep vpdpbusd chains run interleaved (the chain of one row alone waits on vpdpbusd's latency;
+ * 8 chains + 8 decoded registers + their f32 accumulators fit the 32 zmm) */
+#define R16_IL 8
+/* the fewest rows of a work item that use the exponent-add scale form (item_rows16) */
+#define R16_FAST_ROWS 4
+
+/* The block's scale product ws x xs for one row, two ways giving the same bits.  Slow: vmulps.  Fast: both
+ * are powers of two, so their product's bits are the sum of their bits less 127 << 23, exact where ws is
+ * normal (its byte >= 1) and the product is normal (1 <= its exponent field <= 254; xs is never subnormal
+ * nor NaN there): r16_fast says where.  On Zen 4 vmulps (and vfmadd) share vpdpbusd's two pipes, vpaddd does
+ * not (a loop of 12 vpdpbusd + 4 vmulps: 352 G op/s of vpdpbusd; + 4 vpaddd: 470, the peak). */
+#define R16_SCALE_0(ws, xsw) _mm512_mul_ps(ws, _mm512_set1_ps(*(xsw)))
+#define R16_SCALE_1(ws, xsw)                          \
+  _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(ws), \
+                                       _mm512_set1_epi32(*(const i32u_t *)(xsw) - (127 << 23))))
 
 /* R activation rows (int8 at x, stride xrow; xs words at xsv, stride xsrow) against one group of 16 weight
  * rows (wg: nb x 256 bytes, sg: nb x 16 scale bytes): res[r] lane i = row i's dot product with row r.
- * Every loaded and decoded block meets the R rows in registers. */
-#define R16_ROWS(R)                                                                                     \
-  static void r16_rows_##R(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow, \
-                           const float *xsv, size_t xsrow, __m512 *res) {                              \
+ * Every loaded and decoded block meets the R rows in registers, R16_IL rows at a time. */
+#define R16_ROWS(R, FAST)                                                                               \
+  static void r16_rows_##R##_##FAST(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,   \
+                                    size_t xrow, const float *xsv, size_t xsrow, __m512 *res) {          \
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_X2_U8)), low4 = _mm512_set1_epi8(0x0F); \
-    __m512 acc[R];                                                                                     \
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                          \
+    for (int r = 0; r < R; ++r) res[r] = _mm512_setzero_ps();                                          \
     for (size_t b = 0; b < nb; ++b) {                                                                  \
       const __m512i sb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sg + 16 * b)));        \
       const __m512 ws = _mm512_castsi512_ps(_mm512_mask_mov_epi32(                                     \
           _mm512_slli_epi32(sb, 23), _mm512_cmpeq_epi32_mask(sb, _mm512_setzero_si512()),              \
           _mm512_set1_epi32(0x00400000)));                                                             \
       __m512i d[8];                                                                                    \
+      /* the next group's scales, which item_rows16 scans before its first pass */                     \
+      if (R >= R16_FAST_ROWS && b % 4 == 0) _mm_prefetch((const char *)(sg + 16 * (nb + b)), _MM_HINT_T0); \
       for (int j = 0; j < 4; ++j) {                                                                    \
         _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);               \
         const __m512i raw = _mm512_loadu_si512((const void *)(wg + 256 * b + 64 * j));                 \
         d[2 * j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, low4));                              \
         d[2 * j + 1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));    \
       }                                                                                                \
-      for (int r = 0; r < R; ++r) {                                                                    \
-        const i32u_t *xi = (const i32u_t *)(x + r * xrow + 32 * b);                                    \
-        const float *xw = xsv + r * xsrow;                                                             \
-        __m512i t = _mm512_set1_epi32(((const i32u_t *)(xw + nb))[b]);                                 \
-        for (int j = 0; j < 4; ++j) {                                                                  \
-          t = _mm512_dpbusd_epi32(t, d[2 * j], _mm512_set1_epi32(xi[j]));                              \
-          t = _mm512_dpbusd_epi32(t, d[2 * j + 1], _mm512_set1_epi32(xi[4 + j]));                      \
-        }                                                                                              \
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(ws, _mm512_set1_ps(xw[b])), acc[r]); \
+      _Pragma("GCC unroll 16") for (int r0 = 0; r0 < R; r0 += R16_IL) {                                \
+        const int r1 = r0 + R16_IL < R ? r0 + R16_IL : R;                                              \
+        __m512i t[R16_IL];                                                                             \
+        _Pragma("GCC unroll 16") for (int r = r0; r < r1; ++r)                                         \
+          t[r - r0] = _mm512_set1_epi32(((const i32u_t *)(xsv + r * xsrow + nb))[b]);                  \
+        /* value v of the block: d[v % 4 * 2 + v / 4], activations 4v..4v+3 */                         \
+        _Pragma("GCC unroll 8") for (int v = 0; v < 8; ++v)                                            \
+          _Pragma("GCC unroll 16") for (int r = r0; r < r1; ++r)                                       \
+            t[r - r0] = _mm512_dpbusd_epi32(t[r - r0], d[v % 4 * 2 + v / 4],                           \
+                                            _mm512_set1_epi32(((const i32u_t *)(x + r * xrow + 32 * b))[v])); \
+        _Pragma("GCC unroll 16") for (int r = r0; r < r1; ++r)                                         \
+          res[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[r - r0]), R16_SCALE_##FAST(ws, xsv + r * xsrow + b), \
+                                   res[r]);                                                            \
       }                                                                                                \
     }                                                                                                  \
-    for (int r = 0; r < R; ++r) res[r] = acc[r];                                                       \
   }
-R16_ROWS(1)
-R16_ROWS(2)
-R16_ROWS(3)
-R16_ROWS(4)
-R16_ROWS(5)
-R16_ROWS(6)
-R16_ROWS(7)
-R16_ROWS(8)
+#define R16_ROWS_BOTH(R) R16_ROWS(R, 0) R16_ROWS(R, 1)
+R16_ROWS_BOTH(1) R16_ROWS_BOTH(2) R16_ROWS_BOTH(3) R16_ROWS_BOTH(4) R16_ROWS_BOTH(5) R16_ROWS_BOTH(6)
+R16_ROWS_BOTH(7) R16_ROWS_BOTH(8) R16_ROWS_BOTH(9) R16_ROWS_BOTH(10) R16_ROWS_BOTH(11) R16_ROWS_BOTH(12)
+R16_ROWS_BOTH(13) R16_ROWS_BOTH(14) R16_ROWS_BOTH(15) R16_ROWS_BOTH(16)
 
-static void r16_rows(size_t R, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow,
-                     const float *xsv, size_t xsrow, float (*res)[16]) {
-  __m512 v[R16_MAX_ROWS];
-  switch (R) {
-    case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 2: r16_rows_2(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 3: r16_rows_3(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 4: r16_rows_4(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 5: r16_rows_5(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 6: r16_rows_6(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 7: r16_rows_7(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    default: r16_rows_8(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+/* A switch per scale form, not a table of pointers nor one switch of both forms: the passes inline, their
+ * accumulators a local array the compiler keeps in registers (harness, L2, G op/s at 4 / 8 / 16 rows: 326 /
+ * 366 / 369; one switch of both forms 320 / 366 / 364; pointers, accumulators through a pointer 312 / 339 /
+ * 329). */
+#define R16_CASE(R, FAST) \
+  case R: r16_rows_##R##_##FAST(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+#define R16_DISPATCH(FAST)                                                                                   \
+  static __attribute__((noinline)) void r16_rows_form##FAST(size_t R, const uint8_t *wg, const uint8_t *sg,  \
+                                                            size_t nb, const int8_t *x, size_t xrow,         \
+                                                            const float *xsv, size_t xsrow, float (*res)[16]) { \
+    __m512 v[R16_MAX_ROWS];                                                                                  \
+    switch (R) {                                                                                             \
+      R16_CASE(1, FAST) R16_CASE(2, FAST) R16_CASE(3, FAST) R16_CASE(4, FAST) R16_CASE(5, FAST)              \
+      R16_CASE(6, FAST) R16_CASE(7, FAST) R16_CASE(8, FAST) R16_CASE(9, FAST) R16_CASE(10, FAST)             \
+      R16_CASE(11, FAST) R16_CASE(12, FAST) R16_CASE(13, FAST) R16_CASE(14, FAST) R16_CASE(15, FAST)         \
+      default: R16_CASE(16, FAST)                                                                            \
+    }                                                                                                        \
+    for (size_t r = 0; r < R; ++r) _mm512_storeu_ps(res[r], v[r]);                                           \
   }
-  for (size_t r = 0; r < R; ++r) _mm512_storeu_ps(res[r], v[r]);
+R16_DISPATCH(0)
+R16_DISPATCH(1)
+
+static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,
+                     size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
+  if (fast) r16_rows_form1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  else r16_rows_form0(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
 }
 
 #else
 #define MXMOE_VNNI 0
 #define R16_MAX_ROWS 4
+#define R16_FAST_ROWS 4 /* unused: one scale form here */
 
 /* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 */
 #define R16_ROWS(R)                                                                                     \
@@ -215,8 +247,9 @@ R16_ROWS(2)
 R16_ROWS(3)
 R16_ROWS(4)
 
-static void r16_rows(size_t R, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow,
-                     const float *xsv, size_t xsrow, float (*res)[16]) {
+static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,
+                     size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
+  (void)fast; /* one scale form (vmulps) in this flavor: the exponent add was not tried here */
   __m256 v[2 * R16_MAX_ROWS];
   switch (R) {
     case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
@@ -249,19 +282,88 @@ static inline void store16(const item_t *it, size_t o0, const float *bias, size_
   }
 }
 
+/* Whether R16_SCALE_1 (exponent add) gives the bits of vmulps for every scale pair of a group and the item's
+ * rows: the weight scale bytes in [wlo, whi] and the activation scales' exponent fields in [xlo, xhi] (a NaN
+ * scale has 255).  ws = 2^(byte - 127) is normal from byte 1 on, xs = 2^(field - 127), the product's field is
+ * byte + field - 127. */
+static inline int r16_fast(int wlo, int whi, int xlo, int xhi) {
+#ifdef MXMOE_R16_SLOW_ONLY /* the tests' build that checks both forms give the same bits */
+  return 0 * (wlo + whi + xlo + xhi);
+#endif
+  return wlo >= 1 && xhi <= 254 && wlo + xlo - 127 >= 1 && whi + xhi - 127 <= 254;
+}
+
+/* the least and greatest exponent field of the block scales of `rows` quantized rows (xs words: positive
+ * powers of two, or the NaN 0x7FC00000 of a non-finite block: their bits order as their fields) */
+static void xs_field_range(const float *xs0, size_t xs_row, size_t nb, size_t rows, int *lo, int *hi) {
+  __m256i xmin = _mm256_set1_epi32(-1), xmax = _mm256_setzero_si256();
+  uint32_t smin = 0xFFFFFFFFu, smax = 0, lanes[16];
+  for (size_t r = 0; r < rows; ++r) {
+    const uint32_t *xw = (const uint32_t *)(xs0 + r * xs_row);
+    size_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const __m256i v = _mm256_loadu_si256((const __m256i *)(xw + b));
+      xmin = _mm256_min_epu32(xmin, v);
+      xmax = _mm256_max_epu32(xmax, v);
+    }
+    for (; b < nb; ++b) {
+      smin = xw[b] < smin ? xw[b] : smin;
+      smax = xw[b] > smax ? xw[b] : smax;
+    }
+  }
+  _mm256_storeu_si256((__m256i *)lanes, xmin);
+  _mm256_storeu_si256((__m256i *)(lanes + 8), xmax);
+  for (int i = 0; i < 8; ++i) {
+    smin = lanes[i] < smin ? lanes[i] : smin;
+    smax = lanes[8 + i] > smax ? lanes[8 + i] : smax;
+  }
+  *lo = (int)(smin >> 23);
+  *hi = (int)(smax >> 23);
+}
+
+/* the least and greatest scale byte of one group (nb x 16 bytes) */
+static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
+  __m128i bmin = _mm_set1_epi8(-1), bmax = _mm_setzero_si128();
+  for (size_t b = 0; b < nb; ++b) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(sg + 16 * b));
+    bmin = _mm_min_epu8(bmin, v);
+    bmax = _mm_max_epu8(bmax, v);
+  }
+  uint8_t bl[32];
+  _mm_storeu_si128((__m128i *)bl, bmin);
+  _mm_storeu_si128((__m128i *)(bl + 16), bmax);
+  *lo = 255;
+  *hi = 0;
+  for (int i = 0; i < 16; ++i) {
+    *lo = bl[i] < *lo ? bl[i] : *lo;
+    *hi = bl[16 + i] > *hi ? bl[16 + i] : *hi;
+  }
+}
+
 /* One work item: its rows in passes of at most R16_MAX_ROWS (as equal as they can be) per group of 16
  * outputs, the group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
 static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
   const size_t passes = (rows + R16_MAX_ROWS - 1) / R16_MAX_ROWS;
+  /* the scale form: the exponent add only where it pays (the GEMM passes of the AVX-512 flavor: at 1-3 rows
+   * the decode, not the FMA pipes, bounds the pass, and the scans cost the matvec 5-10% in the harness) */
+  const int try_fast = MXMOE_VNNI && rows >= R16_FAST_ROWS;
+  int xlo = 0, xhi = 255;
+  if (try_fast) xs_field_range(xs0, xs_row, nb, rows, &xlo, &xhi);
   for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) {
     const uint8_t *wg = it->w + o0 * 16 * nb, *sg = it->s + o0 * nb;
+    int fast = 0;
+    if (try_fast) {
+      int wlo, whi;
+      scale_byte_range(sg, nb, &wlo, &whi);
+      fast = r16_fast(wlo, whi, xlo, xhi);
+    }
     float bias[16];
     for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
     for (size_t i = 0; i < passes; ++i) {
       const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
       float res[R16_MAX_ROWS][16];
-      r16_rows(r1 - r0, wg, sg, nb, xq0 + r0 * k, k, xs0 + r0 * xs_row, xs_row, res);
+      r16_rows(r1 - r0, fast, wg, sg, nb, xq0 + r0 * k, k, xs0 + r0 * xs_row, xs_row, res);
       for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
     }
   }

@@ -37,15 +37,28 @@ def memref(a: np.ndarray) -> list:
     return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
 
 
+def _build(flavor: str, tmp_path_factory, *defines: str):
+    if ukernels.matvec_object().path is None or flavor == "none":
+        pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
+    so = tmp_path_factory.mktemp("uk8") / f"mxint8-{flavor}{''.join(defines)}.so"
+    flags = [f for f in ukernels.BASE_CFLAGS + ukernels.FLAVORS[flavor][1] if f != "-fvisibility=hidden"]
+    subprocess.run([ukernels._compiler(), *flags, *defines, "-shared", str(ukernels.SOURCE), "-o", str(so)],
+                   check=True)
+    return ctypes.CDLL(str(so))
+
+
 @pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
 def lib(request, tmp_path_factory):
     """The C file built as a shared library in one flavor."""
-    if ukernels.matvec_object().path is None or request.param == "none":
-        pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
-    so = tmp_path_factory.mktemp("uk8") / f"mxint8-{request.param}.so"
-    flags = [f for f in ukernels.BASE_CFLAGS + ukernels.FLAVORS[request.param][1] if f != "-fvisibility=hidden"]
-    subprocess.run([ukernels._compiler(), *flags, "-shared", str(ukernels.SOURCE), "-o", str(so)], check=True)
-    return ctypes.CDLL(str(so))
+    return _build(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
+def lib_pair(request, tmp_path_factory):
+    """One flavor built as is and with the block scales always multiplied (``MXMOE_R16_SLOW_ONLY``: no
+    exponent-add form), to check the two forms give the same bits."""
+    return _build(request.param, tmp_path_factory), _build(request.param, tmp_path_factory,
+                                                            "-DMXMOE_R16_SLOW_ONLY")
 
 
 def c_quantize(lib, x: np.ndarray, kind: int = KIND_F32, rows_per_wg: int = 3):
@@ -155,10 +168,11 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0):
 
 
 @pytest.mark.parametrize("N,K,rows", [(16, 32, (1,)), (48, 96, (2, 0, 3)), (96, 160, (9, 1, 17)),
-                                      (32, 2880, (64, 5))])
+                                      (32, 2880, (64, 5)), (48, 288, (15, 16, 17, 33))])
 def test_matmul_matches_float64(lib, N, K, rows):
-    """Matvec (1-3 rows) and GEMM (more: passes of up to 8 / 4 rows) forms, an expert with no rows, a partial
-    output tile (N = 48, tiles of 32), K of 1, 3, 5 and 90 blocks, the scale byte 0 (2^-127)."""
+    """Matvec (1-3 rows) and GEMM (more: passes of up to 16 / 4 rows: 15, 16, 17 = 9 + 8, 33 = 11 x 3) forms,
+    an expert with no rows, a partial output tile (N = 48, tiles of 32), K of 1, 3, 5, 9 and 90 blocks, the
+    scale byte 0 (2^-127: its group takes the multiplied scales, the others the exponent add)."""
     rng = np.random.default_rng(N + K)
     E = len(rows)
     w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
@@ -174,6 +188,39 @@ def test_matmul_matches_float64(lib, N, K, rows):
             continue
         ref = wd[e].astype(np.float64) @ xd[p] + bias[e]
         np.testing.assert_allclose(out[p], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=f"row {p}")
+
+
+@pytest.mark.parametrize("rows", [(1, 4, 8), (15, 16, 17), (33, 2)])
+def test_scale_forms_give_the_same_bits(lib_pair, rows):
+    """The GEMM's two forms of the block scale product (exponent add where r16_fast allows it, else vmulps)
+    give the same bits, at every pass width and at the edges of the fast form: products of exponent field
+    exactly 0 and 1, 255 and 256 (subnormal, least normal, inf, past inf), the weight byte 0 (2^-127), wide
+    ranges, and a non-finite activation block (NaN scale). Random data in range first, then the edges."""
+    fast, slow = lib_pair
+    rng = np.random.default_rng(sum(rows))
+    N, K, E = 48, 256, len(rows)
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    x = rng.standard_normal((sum(rows) + 1, K)).astype(np.float32)
+    s = rng.integers(100, 150, (E, N, K // 32), dtype=np.uint8)
+    a, _, _ = run_matmul(fast, x, w, s, None, rows, idle=1)
+    b, _, _ = run_matmul(slow, x, w, s, None, rows, idle=1)
+    assert np.isfinite(a).all()
+    np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+    # activation blocks whose largest magnitude is 1.5 x 2^e exactly (MXINT8 exponent E = e, scale field
+    # e + 120), weight scale bytes in [lo, hi]: the product's field is byte + e - 7
+    for (lo, hi), (e0, e1) in [((1, 1), (6, 6)), ((1, 1), (7, 7)), ((1, 2), (-100, -90)), ((0, 0), (20, 20)),
+                               ((0, 130), (-20, 10)), ((254, 254), (8, 8)), ((254, 254), (9, 9)),
+                               ((160, 162), (90, 100)), ((1, 254), (-100, 120))]:
+        s = rng.integers(lo, hi + 1, (E, N, K // 32), dtype=np.uint8)
+        e = rng.integers(e0, e1 + 1, (x.shape[0], K // 32, 1))
+        xe = rng.uniform(-1, 1, (x.shape[0], K // 32, 32)) * np.exp2(e)
+        xe[:, :, 0] = 1.5 * np.exp2(e[:, :, 0]) * rng.choice([-1, 1], e.shape[:2])
+        xe = xe.reshape(x.shape).astype(np.float32)
+        if (lo, hi) == (1, 254):
+            xe[3, 40] = np.inf
+        a, _, _ = run_matmul(fast, xe, w, s, None, rows, idle=1)
+        b, _, _ = run_matmul(slow, xe, w, s, None, rows, idle=1)
+        np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32), err_msg=f"bytes {lo}-{hi}, E {e0}-{e1}")
 
 
 def test_matmul_deinterleaves_gate_up_rows(lib):
@@ -280,7 +327,7 @@ def test_mxint8_without_the_microkernel_is_refused(monkeypatch):
 @needs_ukernel
 def test_mxint8_layers_are_batch_invariant(flavor):
     """What the artifact records (numerics.batch_invariant): a token's output bits do not depend on its batch, though
-    its rows go through the matvec alone and through 8-row GEMM passes in a batch of 70."""
+    its rows go through the matvec alone and through GEMM passes (of up to 16 rows) in a batch of 70."""
     moe = MoE.random(TINY, seed=12)
     cm = mxmoe.compile(moe, target="cpu", activations="mxint8")
     x = torch.randn(70, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
