@@ -87,9 +87,9 @@ def _cache_dir() -> Path:
     return root / "ukernels"
 
 
-def host_flavor() -> str | None:
-    """The best flavor this host runs (None: not even the AVX2 one)."""
-    return next((name for name, (features, _) in FLAVORS.items() if has_cpu_features(*features)), None)
+def host_flavors() -> list[str]:
+    """The flavors this host runs, best first."""
+    return [name for name, (features, _) in FLAVORS.items() if has_cpu_features(*features)]
 
 
 @functools.cache
@@ -110,7 +110,7 @@ def matvec_object() -> Ukernel:
             return Ukernel(None, f"{ENV_SWITCH}={switch}: the host CPU lacks {', '.join(lacks)}")
         candidates = [switch]
     else:
-        candidates = [name for name, (features, _) in FLAVORS.items() if has_cpu_features(*features)]
+        candidates = host_flavors()
     cc = _compiler()
     if cc is None:
         return Ukernel(None, "no C compiler found (set MXMOE_CC or CC, or install cc/gcc/clang)")

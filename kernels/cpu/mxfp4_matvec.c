@@ -518,6 +518,32 @@ typedef struct {
   float *out;
 } item_t;
 
+/* Work item u of a grouped matmul's dispatch over output tile `tile`: fills *it (the expert's weights, scales and
+ * bias, its rows' slots, the tile's outputs) and returns its first sorted row, or -1 when there is nothing to
+ * multiply: u == items is the extra item that zeroes the tile of the slots with no expert (done here), u > items
+ * has nothing. Both grouped matmuls (this file's and mxint8_rows16.c's) start this way. */
+static ptrdiff_t work_item(item_t *it, const uint8_t *w, const uint8_t *s, const void *bias, const int64_t *info,
+                           const int32_t *counts, const int32_t *order, float *ys, size_t S, size_t n, size_t k,
+                           size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+  const size_t items = (size_t)counts[0], n0 = tile * tile_n;
+  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
+  if (u == items) { /* the slots with no expert: zero rows */
+    for (size_t p = (size_t)counts[1]; p < S; ++p) {
+      float *row = ys + (size_t)order[p] * n;
+      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
+    }
+    return -1;
+  }
+  if (u > items) return -1;
+  const size_t first = (size_t)info[2 * u];
+  const uint64_t pk = (uint64_t)info[2 * u + 1];
+  const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
+  *it = (item_t){w + id * n * (k / 2), s + id * n * nb,
+                 (const char *)bias + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
+                 pk >> 32, n0, n1, order + first, ys};
+  return (ptrdiff_t)first;
+}
+
 static inline void store(const item_t *it, size_t o, size_t r, float v) {
   it->out[(size_t)it->slot[r] * it->n + out_col(o, it->n, it->deinterleave)] = v + bias_value(it->bias, it->bias_kind, o);
 }
@@ -646,23 +672,11 @@ void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, x
                                 MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
                                 MEMREF(float, out), size_t S, size_t n, size_t k, size_t x_kind,
                                 size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
-  const size_t items = (size_t)AT(counts)[0], n0 = tile * tile_n;
-  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
-  float *ys = AT(out);
-  if (u == items) { /* the slots with no expert: zero rows */
-    for (size_t p = (size_t)AT(counts)[1]; p < S; ++p) {
-      float *row = ys + (size_t)AT(order)[p] * n;
-      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
-    }
-    return;
-  }
-  if (u > items) return;
-  const size_t first = (size_t)AT(info)[2 * u];
-  const uint64_t pk = (uint64_t)AT(info)[2 * u + 1];
-  const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
-  item_t it = {AT(w) + id * n * (k / 2), AT(s) + id * n * nb,
-               (const char *)AT(bias) + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
-               pk >> 32, n0, n1, AT(order) + first, ys};
+  item_t it;
+  const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
+                                    bias_kind, deinterleave, tile_n, tile, u);
+  if (first < 0) return;
+  const size_t nb = k / 32;
   const size_t xq_row = 64 * row_pairs(nb);
 #if MXMOE_BF16
   if (x_kind == KIND_BF16) {

@@ -378,22 +378,10 @@ void mxmoe_rows16_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, x
                                  MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
                                  MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
                                  size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
-  const size_t items = (size_t)AT(counts)[0], n0 = tile * tile_n;
-  const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
-  float *ys = AT(out);
-  if (u == items) { /* the slots with no expert: zero rows */
-    for (size_t p = (size_t)AT(counts)[1]; p < S; ++p) {
-      float *row = ys + (size_t)AT(order)[p] * n;
-      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
-    }
-    return;
-  }
-  if (u > items) return;
-  const size_t first = (size_t)AT(info)[2 * u];
-  const uint64_t pk = (uint64_t)AT(info)[2 * u + 1];
-  const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
-  item_t it = {AT(w) + id * n * (k / 2), AT(s) + id * n * nb,
-               (const char *)AT(bias) + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
-               pk >> 32, n0, n1, AT(order) + first, ys};
+  item_t it;
+  const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
+                                    bias_kind, deinterleave, tile_n, tile, u);
+  if (first < 0) return;
+  const size_t nb = k / 32;
   item_rows16(&it, AT(xq) + first * k, AT(xs) + first * mxint8_xs_row(nb));
 }

@@ -22,7 +22,6 @@ import mxmoe.runtime
 from mxmoe.compiler import targets as pipeline
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.core.config import PRESETS
-from mxmoe.core.host import has_cpu_features
 from mxmoe.torch_frontend.moe import MoE
 
 TINY = PRESETS["tiny"]
@@ -39,7 +38,7 @@ def rel_err(out, ref) -> float:
 
 # ------------------------------------------------------------------------------------- the kernel alone
 #: the flavors this host runs (each kernel test runs on each of them: the AVX2 one stays tested on AVX-512 hosts)
-HOST_FLAVORS = [f for f, (features, _) in ukernels.FLAVORS.items() if all(map(has_cpu_features, features))]
+HOST_FLAVORS = ukernels.host_flavors()
 
 
 class Kernel(tuple):
@@ -359,21 +358,6 @@ AWKWARD = {
     "top1-nobias": TINY.replace(top_k=1, bias=False, routing="softmax_topk"),
     "gate-up-split-silu": TINY.replace(interleaved=False, activation="silu"),
 }
-
-
-@pytest.fixture(params=HOST_FLAVORS or ["none"])
-def flavor(request, monkeypatch):
-    """Compile with each microkernel flavor this host runs (``MXMOE_CPU_UKERNEL=<flavor>``)."""
-    if request.param == "none":
-        pytest.skip(f"no cpu microkernel here: {ukernels.matvec_object().reason}")
-    monkeypatch.setenv(ukernels.ENV_SWITCH, request.param)
-    ukernels.matvec_object.cache_clear()
-    uk = ukernels.matvec_object()
-    if uk.path is None:
-        pytest.skip(uk.reason)
-    assert uk.flavor == request.param
-    yield request.param
-    ukernels.matvec_object.cache_clear()
 
 
 @needs_ukernel

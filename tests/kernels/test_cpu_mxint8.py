@@ -21,12 +21,11 @@ from mxmoe.core import mxfp4, swizzle
 from mxmoe.core.config import PRESETS
 from mxmoe.core.layouts import CPU_ROWS16
 from mxmoe.core.reference import numpy_reference, relative_error
-from mxmoe.core.host import has_cpu_features
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.torch_frontend.moe import MoE
 
 TINY = PRESETS["tiny"]
-HOST_FLAVORS = [f for f, (features, _) in ukernels.FLAVORS.items() if all(map(has_cpu_features, features))]
+HOST_FLAVORS = ukernels.host_flavors()
 needs_ukernel = pytest.mark.skipif(ukernels.matvec_object().path is None,
                                    reason=f"no cpu microkernel here: {ukernels.matvec_object().reason}")
 KIND_F32, KIND_BF16 = 2, 1
@@ -234,18 +233,6 @@ def test_matmul_deinterleaves_gate_up_rows(lib):
 
 
 # --------------------------------------------------------------------------------------------- layers
-@pytest.fixture(params=HOST_FLAVORS or ["none"])
-def flavor(request, monkeypatch):
-    """Compile with each microkernel flavor this host runs (``MXMOE_CPU_UKERNEL=<flavor>``)."""
-    if request.param == "none":
-        pytest.skip(f"no cpu microkernel here: {ukernels.matvec_object().reason}")
-    monkeypatch.setenv(ukernels.ENV_SWITCH, request.param)
-    ukernels.matvec_object.cache_clear()
-    uk = ukernels.matvec_object()
-    if uk.path is None:
-        pytest.skip(uk.reason)
-    yield request.param
-    ukernels.matvec_object.cache_clear()
 
 
 def _check_layer(moe: MoE, cm, tokens, dtype, exact_tol: float, bf16_tol: float) -> list[float]:
