@@ -162,23 +162,29 @@ static inline int32_t hmax_epi32(__m256i v) {
   return _mm_cvtsi128_si32(a);
 }
 
+/* Block b (32 values) of a row of activations (kind) as 4 x 8 floats, and the binary exponent of its largest
+ * magnitude clamped to [-100, 127]; *finite: no inf or NaN in it. The quantizers of both forms start here. */
+static inline int32_t load_block(const void *x, size_t kind, size_t b, __m256 v[4], int *finite) {
+  const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i m = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = load8(x, kind, 32 * b + 8 * j);
+    /* magnitudes compare as integers; inf and NaN are above every finite value */
+    m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_castps_si256(v[j]), absmask));
+  }
+  const int32_t ebits = hmax_epi32(m) >> 23, e = ebits - 127;
+  *finite = ebits != 255;
+  return e < -100 ? -100 : e > 127 ? 127 : e;
+}
+
 /* One row of k activations (kind) -> its int16 values (64 per pair, xq's order) and block scales. */
 static void quantize_row(const void *x, size_t kind, size_t k, int16_t *xq, float *xs) {
   const size_t nb = k / 32, np = row_pairs(nb);
-  const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF);
   for (size_t b = 0; b < nb; ++b) {
     __m256 v[4];
-    __m256i m = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = load8(x, kind, 32 * b + 8 * j);
-      /* magnitudes compare as integers; inf and NaN are above every finite value */
-      m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_castps_si256(v[j]), absmask));
-    }
-    const int32_t ebits = hmax_epi32(m) >> 23;
-    int32_t e = ebits - 127;
-    e = e < -100 ? -100 : e > 127 ? 127 : e;
+    int finite;
+    const int32_t e = load_block(x, kind, b, v, &finite);
     union { uint32_t u; float f; } up = {(uint32_t)(14 - e + 127) << 23}, sc = {(uint32_t)(e - 23 + 127) << 23};
-    const int finite = ebits != 255;
     int16_t *dst = xq + 64 * (b / 2) + 8 * (b % 2);
     for (int j = 0; j < 4; ++j) {
       /* round to nearest even (the MXCSR default), saturate to +-32767 on the pack */

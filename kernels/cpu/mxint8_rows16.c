@@ -1,5 +1,5 @@
 /* mxmoe CPU microkernels, int8-activation form (included by mxfp4_matvec.c, which defines MEMREF, AT, the
- * element kinds, item_t / store / out_col and load8 / hmax_epi32): the opt-in activations="mxint8" of the
+ * element kinds, item_t / store / out_col and load_block): the opt-in activations="mxint8" of the
  * cpu target.
  *
  * Activations (mxmoe_mxint8_quantize_rows): OCP MXINT8 per 32-value block.  E = the binary exponent of the
@@ -58,19 +58,12 @@ static inline __m256i pack32_epi8(__m256i q0, __m256i q1, __m256i q2, __m256i q3
 static void mxint8_row(const void *x, size_t kind, size_t k, int8_t *xq, float *xs) {
   const size_t nb = k / 32;
   int32_t *corr = (int32_t *)(xs + nb);
-  const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF), hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
   for (size_t b = 0; b < nb; ++b) {
     __m256 v[4];
-    __m256i m = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = load8(x, kind, 32 * b + 8 * j);
-      m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_castps_si256(v[j]), absmask));
-    }
-    const int32_t ebits = hmax_epi32(m) >> 23;
-    int32_t e = ebits - 127;
-    e = e < -100 ? -100 : e > 127 ? 127 : e;
+    int finite;
+    const int32_t e = load_block(x, kind, b, v, &finite);
     union { uint32_t u; float f; } up = {(uint32_t)(6 - e + 127) << 23}, sc = {(uint32_t)(e - 7 + 127) << 23};
-    const int finite = ebits != 255;
     __m256i q[4], sum = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       /* round to nearest even (the MXCSR default), saturate to +-127 */
