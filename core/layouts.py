@@ -3,9 +3,9 @@
 The convention every checkpoint and the reference use is row-major: values ``[E, N, K/2]`` uint8 (two e2m1
 codes a byte, low nibble = even k), scales ``[E, N, K/32]`` (one e8m0 byte per 32 along K), biases ``[E, N]``.
 A layout re-arranges the values (and, for ``cpu-mxfp4-rows16`` only, the scales; biases stay row-major, shapes
-stay the same) so that a kernel's loads and decode are cheap. Each :class:`Layout` carries the three things that must agree: its name
-(the ``mxmoe.layout`` IR attribute and the artifact manifest's record), the encode/decode pair applied on the
-host, and the flags a kernel is compiled for. :data:`LAYOUTS` is the one registry.
+stay the same) so that a kernel's loads and decode are cheap. Each :class:`Layout` carries the three things that
+must agree: its name (the ``mxmoe.layout`` IR attribute and the artifact manifest's record), the encode/decode pair
+applied on the host, and the flags a kernel is compiled for. :data:`LAYOUTS` is the one registry.
 """
 
 from __future__ import annotations

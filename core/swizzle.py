@@ -34,10 +34,11 @@ def blocksplit_unswizzle(stored: np.ndarray) -> np.ndarray:
 ROWS16 = 16
 
 
-def _rows16_check(shape: tuple, what: str) -> None:
-    if len(shape) < 2 or shape[-2] % ROWS16 or shape[-1] % 16:
-        raise ValueError(f"rows16 needs {what} rows in groups of {ROWS16} and whole 32-value blocks, got shape "
-                         f"{list(shape)}")
+def _rows16_check(shape: tuple, what: str, block_bytes: int = 16) -> None:
+    """``what`` [..., N, K/2] values (``block_bytes`` 16 per 32-value block) or [..., N, K/32] scales (1)."""
+    if len(shape) < 2 or shape[-2] % ROWS16 or shape[-1] % block_bytes:
+        raise ValueError(f"rows16 needs {what} rows in groups of {ROWS16}" +
+                         (" and whole 32-value blocks" if block_bytes > 1 else "") + f", got shape {list(shape)}")
 
 
 def rows16_swizzle(values: np.ndarray) -> np.ndarray:
@@ -70,8 +71,7 @@ def rows16_unswizzle(stored: np.ndarray) -> np.ndarray:
 def rows16_scales(scales: np.ndarray) -> np.ndarray:
     """Row-major e8m0 scales [..., N, K/32] -> per group of 16 rows and block, the 16 rows' bytes side by side."""
     s = np.asarray(scales)
-    if s.ndim < 2 or s.shape[-2] % ROWS16:
-        raise ValueError(f"rows16 needs scale rows in groups of {ROWS16}, got shape {list(s.shape)}")
+    _rows16_check(s.shape, "scale", block_bytes=1)
     *lead, n, nb = s.shape
     return np.ascontiguousarray(np.swapaxes(s.reshape(*lead, n // ROWS16, ROWS16, nb), -1, -2)).reshape(s.shape)
 
@@ -79,8 +79,7 @@ def rows16_scales(scales: np.ndarray) -> np.ndarray:
 def rows16_unscales(stored: np.ndarray) -> np.ndarray:
     """Inverse of :func:`rows16_scales`."""
     s = np.asarray(stored)
-    if s.ndim < 2 or s.shape[-2] % ROWS16:
-        raise ValueError(f"rows16 needs scale rows in groups of {ROWS16}, got shape {list(s.shape)}")
+    _rows16_check(s.shape, "scale", block_bytes=1)
     *lead, n, nb = s.shape
     return np.ascontiguousarray(np.swapaxes(s.reshape(*lead, n // ROWS16, nb, ROWS16), -1, -2)).reshape(s.shape)
 
