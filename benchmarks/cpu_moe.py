@@ -26,9 +26,11 @@ Columns:
   GFLOP/s      2 x (routed rows x (2I x H + H x I)) / mxmoe time: the expert GEMMs' arithmetic rate;
                % peak: of the measured peak of the instruction the kernel's GEMM uses (vdpbf16ps on an
                AVX512-BF16 host, vpmaddwd otherwise; with --activations mxint8: vpdpbusd on an AVX512-VNNI host,
-               counting a multiply-add as 2 ops like the others) at this thread count
+               counting a multiply-add as 2 ops like the others; mxint16: half that peak, each multiply-add
+               taking two, one per int8 plane) at this thread count
   rel err      max |out - ref| / max |ref| against the bf16 reference (the torch layer); with --activations mxint8
-               also "exact err", against the reference whose matmuls read MXINT8 activations as the module's do
+               (mxint16) also "exact err", against the reference whose matmuls read MXINT8 (MXINT16) activations as
+               the module's do
 The peaks and the read bandwidth come from benchmarks/cpu_peak.c (built here with the host's C compiler).
 
 ``--scaling``: the per-token cost of a smaller layer (``--scaling-config``, default E=32 k=4 H=I=512: the
@@ -36,8 +38,8 @@ gpt-oss-20b layer's intermediates at 262144 tokens would not fit this machine's 
 flat means a total cost linear in tokens. ``--timeline T``: where one call's time goes at T tokens, per
 dispatch (IREE's host-execution profile of the same module through iree-benchmark-module), and the Python
 call around it. ``--torch``: the previous eager torch baseline as a column (slow at 512 tokens).
-``--activations mxint8``: time the module compiled with ``activations="mxint8"`` (int8 activations, the rows16
-weight layout, docs/cpu.md) instead of the default bf16 one.
+``--activations mxint8`` / ``mxint16``: time the module compiled with that ``activations=`` (int8 activations or
+15-bit ones as two int8 planes, the rows16 weight layout, docs/cpu.md) instead of the default bf16 one.
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def main() -> None:
     p.add_argument("--timeline", default="", help="token counts to print a per-dispatch timeline for")
     p.add_argument("--torch", action="store_true", help="also time the eager torch baseline")
     p.add_argument("--no-peaks", action="store_true")
-    p.add_argument("--activations", default="bf16", choices=["bf16", "mxint8"],
+    p.add_argument("--activations", default="bf16", choices=["bf16", "mxint8", "mxint16"],
                    help="the activation form of the mxmoe module (compile option activations=)")
     args = p.parse_args()
     set_threads(args.threads)
@@ -317,10 +319,12 @@ def main() -> None:
         for name in dict.fromkeys(n for n, _ in peaks if n != "read_bw"):
             print(f"  {name:18s} {peaks[(name, 1)]:7.1f} / {peaks.get((name, args.threads), float('nan')):7.1f}")
         print(f"  read bandwidth     {peaks[('read_bw', 1)]:7.1f} / {peaks.get(('read_bw', args.threads), float('nan')):7.1f} GB/s")
-    avx512_instr = "vpdpbusd-zmm" if args.activations == "mxint8" else "vdpbf16ps-zmm"
+    avx512_instr = "vdpbf16ps-zmm" if args.activations == "bf16" else "vpdpbusd-zmm"
     gemm_instr = avx512_instr if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
-    print(f"activations: {args.activations}; % peak of {gemm_instr}")
+    planes = 2 if args.activations == "mxint16" else 1  # int8 multiply-adds per useful one
+    print(f"activations: {args.activations}; % peak of {gemm_instr}" + (f" / {planes}" if planes > 1 else ""))
     peak = peaks.get((gemm_instr, args.threads))
+    peak = peak / planes if peak else peak
     bw = peaks.get(("read_bw", args.threads))
 
     cfg = PRESETS[args.preset]

@@ -140,19 +140,20 @@ class CpuTarget(IreeTarget):
     """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here.
 
     ``activations``: "bf16" (default: the activations as the layer has them; bf16 exact on AVX512-BF16 hosts, int16
-    per block on AVX2 ones) or "mxint8" (opt-in: every expert matmul reads its activations quantized to OCP MXINT8,
-    weights in the ``cpu-mxfp4-rows16`` layout, ``vpdpbusd`` on AVX512-VNNI hosts; needs the C microkernel;
-    docs/cpu.md)."""
+    per block on AVX2 ones), "mxint16" (opt-in: every expert matmul reads its activations as 15-bit integers per
+    32-value block, below bf16's resolution, split into two int8 planes for ``vpdpbusd``: faster than "bf16" up to
+    ~16 rows per expert, slower past ~32) or "mxint8" (opt-in: OCP MXINT8 activations, 1-2% error, the fastest);
+    both int8 forms keep the weights in the ``cpu-mxfp4-rows16`` layout and need the C microkernel (docs/cpu.md)."""
 
     activations: str = "bf16"
     driver: ClassVar[str] = "local"
-    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("bf16", "mxint8")
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("bf16", "mxint8", "mxint16")
 
     def with_activations(self, activations: str) -> "CpuTarget":
         if activations not in self.ACTIVATIONS:
             raise ValueError(f"target {self.name}: activations must be one of {', '.join(self.ACTIVATIONS)}, "
                              f"got {activations!r}")
-        return self.replace(activations=activations, layout=CPU_ROWS16 if activations == "mxint8" else CPU_BLOCKSPLIT)
+        return self.replace(activations=activations, layout=CPU_BLOCKSPLIT if activations == "bf16" else CPU_ROWS16)
 
     @property
     def iree_flags(self) -> list[str]:
@@ -166,21 +167,24 @@ class CpuTarget(IreeTarget):
 
         option = None
         uk = matvec_object()
+        if uk.path and "," in str(uk.path):
+            raise ValueError(f"target {self.name}: the cpu microkernel's path may not contain a comma (the pass "
+                             f"options' separator): {uk.path}; set MXMOE_CACHE_DIR elsewhere")
         if uk.path:
-            option = f"ukernel={uk.path}"
-        elif self.activations == "mxint8":
-            raise ValueError(f"target {self.name}: activations='mxint8' runs on the C microkernel only, which is not "
-                             f"available here ({uk.reason})")
+            option = f"ukernel={uk.path}" + ("" if self.activations == "bf16" else f",activations={self.activations}")
+        elif self.activations != "bf16":
+            raise ValueError(f"target {self.name}: activations='{self.activations}' runs on the C microkernel only, "
+                             f"which is not available here ({uk.reason})")
         elif not uk.reason.startswith(ENV_SWITCH):
             _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
                        "instead, which measured 3-4x slower (docs/cpu.md)")
         return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
 
     def compile(self, module, parameters, *, extra_flags=(), **kwargs):
-        from mxmoe.kernels.cpu import MATVEC_SYMBOL, ROWS16_SYMBOL
+        from mxmoe.kernels.cpu import MATMUL_SYMBOLS
 
         text = str(module)
-        if MATVEC_SYMBOL in text or ROWS16_SYMBOL in text:
+        if any(sym in text for sym in MATMUL_SYMBOLS):
             extra_flags = [*CPU_DATA_TILING, *extra_flags]
         return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
 
@@ -191,10 +195,10 @@ class CpuTarget(IreeTarget):
 
     def record(self, code, mlir: str = "") -> dict[str, Any]:
         from mxmoe.core.host import cpu_features
-        from mxmoe.kernels.cpu import MATVEC_SYMBOL, ROWS16_SYMBOL
+        from mxmoe.kernels.cpu import MATMUL_SYMBOLS
 
-        # the C microkernel is linked into the module, whose MLIR calls it by this symbol
-        microkernel = MATVEC_SYMBOL in mlir or ROWS16_SYMBOL in mlir
+        # the C microkernel is linked into the module, whose MLIR calls it by these symbols
+        microkernel = any(sym in mlir for sym in MATMUL_SYMBOLS)
         return {**super().record(code, mlir), "cpu_features": cpu_features(), "cpu_microkernel": microkernel,
                 "activations": self.activations, **self.numerics_record(True, microkernel)}
 

@@ -33,6 +33,7 @@ __all__ = [
     "random_mxfp4",
     "mxfp8_round_trip",
     "mxint8_round_trip",
+    "mxint16_round_trip",
 ]
 
 #: The 16 e2m1 code values, indexed by code (codes 8..15 are the negatives of 0..7; code 8 is -0).
@@ -305,22 +306,41 @@ MXINT8_MAX, MXINT8_FRAC = 127, 6
 MXINT8_EMIN, MXINT8_EMAX = -100, 127
 
 
+def _mx_int_round_trip(x: np.ndarray, frac: int, qmax: int) -> np.ndarray:
+    """Per block of 32 along the last axis: ``E = floor(log2 amax)`` (from amax's float32 exponent; clamped to
+    [-100, 127]), each element ``q = round(x * 2^(frac - E))`` to nearest even, clipped to +-``qmax``, standing for
+    ``q * 2^(E - frac)``; a block holding an inf or NaN is NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK)
+    bits = (np.abs(blocks).max(axis=-1, keepdims=True).view(np.int32) >> 23) & 0xFF
+    e = np.clip(bits - 127, MXINT8_EMIN, MXINT8_EMAX)
+    up = ((frac - e + 127) << 23).astype(np.int32).view(np.float32)   # 2^(frac - E), a normal float32
+    down = ((e - frac + 127) << 23).astype(np.int32).view(np.float32)  # 2^(E - frac)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite blocks: NaN below
+        q = np.clip(np.rint(blocks * up), -qmax, qmax)
+        out = np.where(bits == 0xFF, np.float32(np.nan), q * down)
+    return out.astype(np.float32).reshape(x.shape)
+
+
 def mxint8_round_trip(x: np.ndarray) -> np.ndarray:
     """float32 values of ``x`` quantized to MXINT8 along its last axis (a multiple of 32) and back: per block of 32,
     ``E = floor(log2 amax)`` (from amax's float32 exponent; clamped to [-100, 127]), each element
     ``q = round(x * 2^(6 - E))`` to nearest even, saturated to +-127, standing for ``q * 2^(E - 6)``. A block
     holding an inf or NaN is NaN. The cpu target's ``activations="mxint8"`` form computes exactly this
     (``kernels/cpu/mxint8_rows16.c``)."""
-    x = np.asarray(x, dtype=np.float32)
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK)
-    bits = (np.abs(blocks).max(axis=-1, keepdims=True).view(np.int32) >> 23) & 0xFF
-    e = np.clip(bits - 127, MXINT8_EMIN, MXINT8_EMAX)
-    up = ((MXINT8_FRAC - e + 127) << 23).astype(np.int32).view(np.float32)   # 2^(6 - E), a normal float32
-    down = ((e - MXINT8_FRAC + 127) << 23).astype(np.int32).view(np.float32)  # 2^(E - 6)
-    with np.errstate(invalid="ignore"):
-        q = np.clip(np.rint(blocks * up), -MXINT8_MAX, MXINT8_MAX)
-        out = np.where(bits == 0xFF, np.float32(np.nan), q * down)
-    return out.astype(np.float32).reshape(x.shape)
+    return _mx_int_round_trip(x, MXINT8_FRAC, MXINT8_MAX)
+
+
+#: the cpu target's ``activations="mxint16"`` elements: units of 2^-13 of the block scale (|q| <= 2^14, never clipped)
+MXINT16_FRAC = 13
+
+
+def mxint16_round_trip(x: np.ndarray) -> np.ndarray:
+    """float32 values of ``x`` as the cpu target's ``activations="mxint16"`` form reads them: as
+    :func:`mxint8_round_trip` with elements ``q = round(x * 2^(13 - E))`` (|q| <= 2^14: 15 bits below the block's
+    largest, so bf16 values within 2^-6 of it are exact). The kernel splits each q exactly into two int8 planes
+    (``kernels/cpu/mxint8_rows16.c``)."""
+    return _mx_int_round_trip(x, MXINT16_FRAC, 1 << 14)
 
 
 #: the sm_90 w4a8 form reads a weight scale group as zeros when its scale is more than this many binades under its

@@ -49,18 +49,20 @@ def numpy_reference(weights: MoEWeights, x: np.ndarray, activation_dtype: np.dty
     is what the cuda:sm_90 form computes: each activation row on its largest scale (``mxfp4.mxfp8_row_round_trip``)
     and the routed experts' weight groups far under their row's largest scale read as zeros
     (``mxfp4.drop_far_groups``). ``activations="mxint8"``: the cpu target's int8 form, every MXFP4 matmul reads its
-    activations quantized to MXINT8 (``mxfp4.mxint8_round_trip``).
+    activations quantized to MXINT8 (``mxfp4.mxint8_round_trip``); ``"mxint16"`` its two-plane form
+    (``mxfp4.mxint16_round_trip``).
 
     ``return_glu``: return (output, the GLU output [T, k, I] as the second GEMM reads it before quantizing).
     ``glu_output`` [T, k, I]: use it instead of computing it, to check a module's second GEMM apart from its first:
     with MXFP8 activations a GLU value within rounding of an e4m3 step boundary lands on either side, and the
     second GEMM multiplies that step (1/16-1/8 of the value) into every output."""
-    if activations not in ("bf16", "mxfp8", "mxint8"):
-        raise ValueError(f"activations must be 'bf16', 'mxfp8' or 'mxint8', got {activations!r}")
+    quants = {"bf16": lambda a: a, "mxint8": mxfp4.mxint8_round_trip, "mxint16": mxfp4.mxint16_round_trip,
+              "mxfp8": mxfp4.mxfp8_row_round_trip if mx_fold == "row" else mxfp4.mxfp8_round_trip}
+    if activations not in quants:
+        raise ValueError(f"activations must be one of {', '.join(map(repr, quants))}, got {activations!r}")
     if mx_fold not in ("block", "row") or (mx_fold == "row" and activations != "mxfp8"):
         raise ValueError(f"mx_fold must be 'block', or 'row' with activations='mxfp8', got {mx_fold!r}")
-    quant = (lambda a: a) if activations == "bf16" else mxfp4.mxint8_round_trip if activations == "mxint8" else (
-        mxfp4.mxfp8_row_round_trip if mx_fold == "row" else mxfp4.mxfp8_round_trip)
+    quant = quants[activations]
     if mx_fold == "row":
         weights = dataclasses.replace(weights, w13=mxfp4.drop_far_groups(weights.w13, weights.w13_scale),
                                       w2=mxfp4.drop_far_groups(weights.w2, weights.w2_scale))

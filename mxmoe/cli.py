@@ -560,7 +560,8 @@ def _layer_reference(weights, entry: str, inputs, activation_dtype, prefer_torch
     installed, else the numpy reference (same semantics; a deploy box may have no torch). A w4a8 module
     (``activations="mxfp8"``) is compared with the numpy reference that rounds the activations to MXFP8 as it does:
     against the bf16 one its error is that of MXFP8 itself (~5%), above any useful tolerance; a cpu module with
-    ``activations="mxint8"`` with the reference that rounds them to MXINT8 (its own error ~1-2.5%)."""
+    ``activations="mxint8"`` with the reference that rounds them to MXINT8 (its own error ~1-2.5%), and one with
+    ``"mxint16"`` with the one that rounds them as it does (below bf16's resolution)."""
     import numpy as np
 
     from mxmoe.core.reference import numpy_reference
@@ -621,7 +622,8 @@ def cmd_inspect(args) -> int:
     print(line)
     if "activations" in t:
         form = {"mxfp8": "w4a8: the expert GEMMs read MXFP8 activations",
-                "mxint8": "the expert GEMMs read MXINT8 activations"}.get(t["activations"])
+                "mxint8": "the expert GEMMs read MXINT8 activations",
+                "mxint16": "the expert GEMMs read 15-bit integer activations per 32-value block"}.get(t["activations"])
         print(f"  activations {t['activations']}" + (f" ({form}; run --check compares with the reference that rounds "
                                                    "them the same way)" if form else ""))
     numerics = t.get("numerics")
@@ -718,9 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shard", metavar="LAYOUT", help="cut MoE layers over ranks: ep:N, tp:N or ep:A,tp:B; writes "
                    "one artifact with a weight set per rank (rank.R; layer.N.rank.R for a whole checkpoint), run with "
                    "mxmoe.distributed.load under torchrun (docs/distributed.md)")
-    c.add_argument("--activations", choices=("bf16", "mxfp8", "mxint8"), default=None,
+    c.add_argument("--activations", choices=("bf16", "mxfp8", "mxint8", "mxint16"), default=None,
                    help="the form the expert GEMMs take the activations in: bf16 (default), mxint8 (cpu: int8 "
-                        "activations, docs/cpu.md) or mxfp8 (w4a8: "
+                        "activations), mxint16 (cpu: 15-bit integer activations as two int8 planes, faster than "
+                        "bf16 at few rows per expert; docs/cpu.md) or mxfp8 (w4a8: "
                         "rocm:gfx950, cuda:sm_90, cuda:sm_100; docs/nvidia.md, docs/amd.md)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)

@@ -14,9 +14,10 @@ inlines it. The token count stays dynamic.
     host loop over the experts the routing actually picked, each expert's weights an ``extract_slice``
     of the parameter read once, the decode fused into a vectorized lane matvec (few rows) or done once
     per expert before a contraction (many rows).
-  - ``cpu-mxfp4-rows16`` (the cpu target with ``activations="mxint8"``): the same dispatches of the C
-    microkernel's int8 form (MXINT8 activations, 16 output rows per ``vpdpbusd``), every activation type;
-    it needs ``ukernel=PATH`` (no linalg form reads this layout).
+  - ``cpu-mxfp4-rows16`` (the cpu target with ``activations="mxint8"`` or ``"mxint16"``): the same dispatches
+    of the C microkernel's int8 forms (MXINT8 activations, or 15-bit ones as two int8 planes with the pass option
+    ``activations=mxint16``; 16 output rows per ``vpdpbusd``), every activation type; it needs ``ukernel=PATH``
+    (no linalg form reads this layout).
   - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the row-block schedule of
     ``lowering/rocm_grouped.py``: slots laid out by expert in blocks of 16 rows on the device, the activation
     rows and each block's expert weights gathered (``iree_linalg_ext.gather``; packed bytes viewed as
@@ -369,22 +370,25 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
     extra = []
     interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
     y_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
+    if activations in cpu_ukernel.PLANES and _layout(v) != cpu_grouped.ROWS16_LAYOUT:
+        v.fail(f"activations='{activations}' needs the weight layout '{cpu_grouped.ROWS16_LAYOUT}', got '{_layout(v)}'")
     if _layout(v) in (cpu_grouped.LAYOUT, cpu_grouped.ROWS16_LAYOUT):
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
-        int8 = _layout(v) == cpu_grouped.ROWS16_LAYOUT
-        if int8 and ukernel is None:
-            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' (activations='mxint8') is read by the cpu microkernel "
-                   f"only: pass {NAME}{{ukernel=PATH}}")
+        # the rows16 layout's activation form: mxint8 unless the option asks for mxint16
+        planes = cpu_ukernel.PLANES.get(activations, 1) if _layout(v) == cpu_grouped.ROWS16_LAYOUT else 0
+        if planes and ukernel is None:
+            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' (activations='mxint8' / 'mxint16') is read by the cpu "
+                   f"microkernel only: pass {NAME}{{ukernel=PATH}}")
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
-        # (the int8 form quantizes every activation type: that is what it is asked for)
-        if ukernel is not None and (int8 or xel in cpu_ukernel.ACTIVATION_TYPES):
+        # (the int8 forms quantize every activation type: that is what they are asked for)
+        if ukernel is not None and (planes or xel in cpu_ukernel.ACTIVATION_TYPES):
             # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
             deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
             exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
-                                                  bias[1] if bias else None, deinterleave, int8)
+                                                  bias[1] if bias else None, deinterleave, planes)
             extra += texts
-            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, int8)
+            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, planes)
             # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
             y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
                           f"{_tt([None, n], 'f32')} into {_tt([None, k, n], 'f32')}", "y")
@@ -524,28 +528,28 @@ def _signature_key(op: ir.Operation) -> str:
 
 
 def make(option: str | None):
-    """Options: ``ukernel=PATH`` (alone): link the cpu microkernel object at PATH (``mxmoe.kernels.cpu``) and use it
-    for the blocksplit layout's grouped matmuls with bf16/f16 activations; without it the pass emits linalg only.
-    ``activations=bf16|mxfp8`` and ``decode=scaling_extf|int`` (comma-separated): the row-major layout's contraction
-    form and weight decode (``lowering/rocm_grouped.py``)."""
+    """Options (comma-separated): ``ukernel=PATH``: link the cpu microkernel object at PATH (``mxmoe.kernels.cpu``) and
+    use it for the blocksplit layout's grouped matmuls with bf16/f16 activations and for the rows16 layout's (which
+    reads it only); without it the pass emits linalg only. ``activations=bf16|mxfp8`` and ``decode=scaling_extf|int``:
+    the row-major layout's contraction form and weight decode (``lowering/rocm_grouped.py``);
+    ``activations=mxint8|mxint16``: the rows16 layout's activation form (mxint8 when not given)."""
     ukernel, forms = None, {"activations": rocm_grouped.ACTIVATIONS[0], "decode": rocm_grouped.DECODES[0]}
-    choices = {"activations": rocm_grouped.ACTIVATIONS, "decode": rocm_grouped.DECODES}
+    choices = {"activations": (*rocm_grouped.ACTIVATIONS, *cpu_ukernel.PLANES), "decode": rocm_grouped.DECODES}
     expected = "'ukernel=PATH' or " + ",".join(f"'{key}={'|'.join(vals)}'" for key, vals in choices.items())
-    if option and option.strip().startswith("ukernel"):
-        key, eq, value = option.partition("=")
-        ukernel = value.strip()
-        if not eq or not ukernel:
-            raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected {expected})")
-        if '"' in ukernel or "\\" in ukernel:
-            raise VerifyError(f"pass '{NAME}': the ukernel path may not contain quotes or backslashes: {ukernel}")
-    elif option:
-        for item in option.split(","):
-            key, eq, value = (part.strip() for part in item.partition("="))
-            if key not in choices or not eq:
+    for item in option.split(",") if option else ():
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if key == "ukernel":
+            if not eq or not value:
                 raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected {expected})")
-            if value not in choices[key]:
-                raise VerifyError(f"pass '{NAME}': {key} must be one of {', '.join(choices[key])}, got '{value}'")
-            forms[key] = value
+            if '"' in value or "\\" in value:
+                raise VerifyError(f"pass '{NAME}': the ukernel path may not contain quotes or backslashes: {value}")
+            ukernel = value
+            continue
+        if key not in choices or not eq:
+            raise VerifyError(f"pass '{NAME}': unknown option '{{{option}}}' (expected {expected})")
+        if value not in choices[key]:
+            raise VerifyError(f"pass '{NAME}': {key} must be one of {', '.join(choices[key])}, got '{value}'")
+        forms[key] = value
     return lambda module_op: run(module_op, ukernel, **forms)
 
 

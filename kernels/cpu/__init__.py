@@ -45,6 +45,11 @@ GROUP_SYMBOL = "mxmoe_group_slots"
 #: weights in the cpu-mxfp4-rows16 layout (``mxint8_rows16.c``)
 MXINT8_QUANTIZE_SYMBOL = "mxmoe_mxint8_quantize_rows"
 ROWS16_SYMBOL = "mxmoe_rows16_grouped_matvec"
+#: the two-plane form's (activations="mxint16"): each activation row as two int8 planes, the same rows16 matmul
+MXINT16_QUANTIZE_SYMBOL = "mxmoe_mxint16_quantize_rows"
+ROWS16X2_SYMBOL = "mxmoe_rows16x2_grouped_matvec"
+#: the symbols whose presence in a module's MLIR says the C microkernel is linked into it
+MATMUL_SYMBOLS = (MATVEC_SYMBOL, ROWS16_SYMBOL, ROWS16X2_SYMBOL)
 #: freestanding, position independent, nothing from libc: what IREE's embedded ELF linking requires
 BASE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fno-plt",
                "-fno-asynchronous-unwind-tables", "-fvisibility=hidden", "-fno-tree-loop-distribute-patterns")

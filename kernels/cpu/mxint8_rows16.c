@@ -54,45 +54,75 @@ static inline __m256i pack32_epi8(__m256i q0, __m256i q1, __m256i q2, __m256i q3
   return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* One row of k activations (kind) -> MXINT8 elements (natural order) and its xs words. */
-static void mxint8_row(const void *x, size_t kind, size_t k, int8_t *xq, float *xs) {
+/* the sum of 8 int32 lanes */
+static inline int32_t hsum8_epi32(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  return _mm_cvtsi128_si32(s4);
+}
+
+/* One row of k activations (kind) -> `planes` int8 rows (natural order, k apart) and their xs words (2 nb
+ * apart).  planes 1: MXINT8.  planes 2 (activations="mxint16"): q = round(x * 2^(13 - E)), |q| <= 2^14 (no
+ * saturation: |x| < 2^(E + 1)), split exactly as q = 256 hi + lo with hi = (q + 128) >> 8 in [-64, 64] and lo in
+ * [-128, 127]; plane 0 holds hi with the scale 2^(E - 6) (over 2, as above), plane 1 lo with 2^(E - 14). */
+static void mx_row(const void *x, size_t kind, size_t k, size_t planes, int8_t *xq, float *xs) {
   const size_t nb = k / 32;
-  int32_t *corr = (int32_t *)(xs + nb);
-  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127), half = _mm256_set1_epi32(128);
+  const int shift = planes == 1 ? 6 : 13;
   for (size_t b = 0; b < nb; ++b) {
     __m256 v[4];
     int finite;
     const int32_t e = load_block(x, kind, b, v, &finite);
-    union { uint32_t u; float f; } up = {(uint32_t)(6 - e + 127) << 23}, sc = {(uint32_t)(e - 7 + 127) << 23};
-    __m256i q[4], sum = _mm256_setzero_si256();
+    union { uint32_t u; float f; } up = {(uint32_t)(shift - e + 127) << 23};
+    __m256i q[2][4], sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int j = 0; j < 4; ++j) {
-      /* round to nearest even (the MXCSR default), saturate to +-127 */
-      q[j] = finite ? _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(up.f))) : _mm256_setzero_si256();
-      q[j] = _mm256_min_epi32(_mm256_max_epi32(q[j], lo), hi);
-      sum = _mm256_add_epi32(sum, q[j]);
+      /* round to nearest even (the MXCSR default) */
+      const __m256i t = finite ? _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(up.f))) : _mm256_setzero_si256();
+      if (planes == 1) {
+        q[0][j] = _mm256_min_epi32(_mm256_max_epi32(t, lo), hi); /* saturate to +-127 */
+      } else {
+        q[0][j] = _mm256_srai_epi32(_mm256_add_epi32(t, half), 8);
+        q[1][j] = _mm256_sub_epi32(t, _mm256_slli_epi32(q[0][j], 8));
+        sum[1] = _mm256_add_epi32(sum[1], q[1][j]);
+      }
+      sum[0] = _mm256_add_epi32(sum[0], q[0][j]);
     }
-    _mm256_storeu_si256((__m256i *)(xq + 32 * b), pack32_epi8(q[0], q[1], q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    if (!finite) sc.u = 0x7FC00000u;
-    xs[b] = sc.f;
-    corr[b] = -R16_OFFSET * _mm_cvtsi128_si32(s4);
+    for (size_t pl = 0; pl < planes; ++pl) {
+      union { uint32_t u; float f; } sc = {(uint32_t)(e - (pl ? 14 : planes == 1 ? 7 : 6) + 127) << 23};
+      float *xw = xs + pl * 2 * nb;
+      _mm256_storeu_si256((__m256i *)(xq + pl * k + 32 * b), pack32_epi8(q[pl][0], q[pl][1], q[pl][2], q[pl][3]));
+      if (!finite) sc.u = 0x7FC00000u;
+      xw[b] = sc.f;
+      ((int32_t *)(xw + nb))[b] = -R16_OFFSET * hsum8_epi32(sum[pl]);
+    }
   }
 }
 
-/* x: rows of k activations of x_kind; sorted row p comes from row order[p] / div.  xq: [S, k] int8, xs:
- * [S, 2 nb] (see the top of this file).  Workgroup wg quantizes sorted rows [wg * rows_per_wg,
- * +rows_per_wg) of the first counts[1] (the valid slots, mxmoe_group_slots). */
+/* x: rows of k activations of x_kind; sorted row p comes from row order[p] / div.  xq: [S, planes k] int8,
+ * xs: [S, planes 2 nb] (see mx_row).  Workgroup wg quantizes sorted rows [wg * rows_per_wg, +rows_per_wg) of
+ * the first counts[1] (the valid slots, mxmoe_group_slots). */
+static void mx_quantize_rows(const void *x, const int32_t *order, const int32_t *counts, int8_t *xq, float *xs,
+                             size_t k, size_t div, size_t x_kind, size_t rows_per_wg, size_t wg, size_t planes) {
+  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)counts[1];
+  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
+  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
+    const char *src = (const char *)x + (size_t)order[p] / div * k * esize;
+    mx_row(src, x_kind, k, planes, xq + p * planes * k, xs + p * planes * mxint8_xs_row(nb));
+  }
+}
+
 void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
                                 MEMREF(const int32_t, counts), MEMREF(int8_t, xq), MEMREF(float, xs), size_t k,
                                 size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
-  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)AT(counts)[1];
-  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
-  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
-    const char *src = (const char *)AT(x) + (size_t)AT(order)[p] / div * k * esize;
-    mxint8_row(src, x_kind, k, AT(xq) + p * k, AT(xs) + p * mxint8_xs_row(nb));
-  }
+  mx_quantize_rows(AT(x), AT(order), AT(counts), AT(xq), AT(xs), k, div, x_kind, rows_per_wg, wg, 1);
+}
+
+/* the two-plane form (activations="mxint16"): xq [S, 2 k], xs [S, 4 nb] */
+void mxmoe_mxint16_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
+                                 MEMREF(const int32_t, counts), MEMREF(int8_t, xq), MEMREF(float, xs), size_t k,
+                                 size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
+  mx_quantize_rows(AT(x), AT(order), AT(counts), AT(xq), AT(xs), k, div, x_kind, rows_per_wg, wg, 2);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
@@ -333,16 +363,17 @@ static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
   }
 }
 
-/* One work item: its rows in passes of at most R16_MAX_ROWS (as equal as they can be) per group of 16
- * outputs, the group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
-static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
+/* One work item: its rows in passes of at most R16_MAX_ROWS int8 rows (as equal as they can be; a row's
+ * `planes` int8 rows in one pass, their results added) per group of 16 outputs, the group's weights (nb x 256
+ * bytes) staying in cache from one pass to the next. */
+static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
-  const size_t passes = (rows + R16_MAX_ROWS - 1) / R16_MAX_ROWS;
+  const size_t per_pass = R16_MAX_ROWS / planes, passes = (rows + per_pass - 1) / per_pass;
   /* the scale form: the exponent add only where it pays (the GEMM passes of the AVX-512 flavor: at 1-3 rows
    * the decode, not the FMA pipes, bounds the pass, and the scans cost the matvec 5-10% in the harness) */
-  const int try_fast = MXMOE_VNNI && rows >= R16_FAST_ROWS;
+  const int try_fast = MXMOE_VNNI && planes * rows >= R16_FAST_ROWS;
   int xlo = 0, xhi = 255;
-  if (try_fast) xs_field_range(xs0, xs_row, nb, rows, &xlo, &xhi);
+  if (try_fast) xs_field_range(xs0, xs_row, nb, planes * rows, &xlo, &xhi);
   for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) {
     const uint8_t *wg = it->w + o0 * 16 * nb, *sg = it->s + o0 * nb;
     int fast = 0;
@@ -356,10 +387,27 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0) {
     for (size_t i = 0; i < passes; ++i) {
       const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
       float res[R16_MAX_ROWS][16];
-      r16_rows(r1 - r0, fast, wg, sg, nb, xq0 + r0 * k, k, xs0 + r0 * xs_row, xs_row, res);
-      for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
+      r16_rows(planes * (r1 - r0), fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row, xs_row,
+               res);
+      for (size_t r = r0; r < r1; ++r) {
+        float *y = res[planes * (r - r0)];
+        for (size_t pl = 1; pl < planes; ++pl)
+          for (size_t o = 0; o < 16; ++o) y[o] += res[planes * (r - r0) + pl][o];
+        store16(it, o0, bias, r, y);
+      }
     }
   }
+}
+
+static void rows16_grouped_matvec(const int8_t *xq, const float *xs, const uint8_t *w, const uint8_t *s,
+                                  const void *bias, const int64_t *info, const int32_t *counts, const int32_t *order,
+                                  float *out, size_t S, size_t n, size_t k, size_t bias_kind, size_t deinterleave,
+                                  size_t tile_n, size_t tile, size_t u, size_t planes) {
+  item_t it;
+  const ptrdiff_t first = work_item(&it, w, s, bias, info, counts, order, out, S, n, k, bias_kind, deinterleave,
+                                    tile_n, tile, u);
+  if (first < 0) return;
+  item_rows16(&it, xq + first * planes * k, xs + first * planes * mxint8_xs_row(k / 32), planes);
 }
 
 /* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows); w: [E, n, k / 2] and s: [E, n, k / 32]
@@ -371,10 +419,17 @@ void mxmoe_rows16_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, x
                                  MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
                                  MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
                                  size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
-  item_t it;
-  const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
-                                    bias_kind, deinterleave, tile_n, tile, u);
-  if (first < 0) return;
-  const size_t nb = k / 32;
-  item_rows16(&it, AT(xq) + first * k, AT(xs) + first * mxint8_xs_row(nb));
+  rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
+                        bias_kind, deinterleave, tile_n, tile, u, 1);
+}
+
+/* the same with two-plane rows (mxmoe_mxint16_quantize_rows: xq [S, 2 k], xs [S, 4 k / 32]) */
+void mxmoe_rows16x2_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, xs),
+                                   MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
+                                   MEMREF(const void, bias), MEMREF(const int64_t, info),
+                                   MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
+                                   MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
+                                   size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+  rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
+                        bias_kind, deinterleave, tile_n, tile, u, 2);
 }

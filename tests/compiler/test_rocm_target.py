@@ -189,7 +189,7 @@ def test_activation_option_errors():
         get_target("rocm:gfx942").with_activations("mxfp8")
     with pytest.raises(ValueError, match="activations must be one of bf16, mxfp8, got 'fp4'"):
         get_target("rocm:gfx950").with_activations("fp4")
-    with pytest.raises(ValueError, match="target cpu: activations must be one of bf16, mxint8, got 'mxfp8'"):
+    with pytest.raises(ValueError, match="target cpu: activations must be one of bf16, mxint8, mxint16, got 'mxfp8'"):
         mxmoe.compile(MoE.random(PRESETS["tiny"], seed=0), target="cpu", activations="mxfp8")
     assert get_target("rocm:gfx950").with_activations("mxfp8").passes()[3] == ("mxmoe-pad", "128")
 

@@ -54,7 +54,7 @@ from mxmoe.compiler.passes.lowering import cpu_ukernel, mxfp4
 from mxmoe.compiler.passes.lowering.text import Body, amap, empty, filled, generic, scf_if, to_f32_lines, tt
 
 LAYOUT = "cpu-mxfp4-blocksplit"
-#: the int8-activation form's layout (activations="mxint8"): only the C microkernel reads it
+#: the int8-activation forms' layout (activations="mxint8" / "mxint16"): only the C microkernel reads it
 ROWS16_LAYOUT = "cpu-mxfp4-rows16"
 #: an expert with at most this many routed rows uses the small-row matvec; more rows use decode + matmul
 #: (with the f16-decode matvec, 32 beat 8 by 25-30% at 64-128 tokens and tied at 32 and 256; docs/cpu.md)
@@ -403,14 +403,14 @@ def _slots_sorted(b: Body, k: int, e: int, T: str) -> tuple[str, dict[str, str]]
 
 
 def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                           T: str, exes: tuple[str, str], int8: bool = False) -> str:
+                           T: str, exes: tuple[str, str], planes: int = 0) -> str:
     """Result ``ys`` [T*k, n] f32 by slot (bias added) from two dispatches of the C microkernels.
 
     ``exes``: the quantizer's and the matvec's ``stream.executable`` (:func:`cpu_ukernel.quantize_executable_text`
     with div = k for a rank-2 ``x``, 1 for a rank-3 one; :func:`cpu_ukernel.executable_text`). Every used
     expert runs in one dispatch at any token count (3-4x faster than the expert loop, 1 to 2048 tokens;
-    docs/cpu.md). Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``int8``: the
-    MXINT8 / rows16 form (:mod:`cpu_ukernel`).
+    docs/cpu.md). Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``planes``: a
+    rows16 form, activation rows as that many int8 planes (:data:`cpu_ukernel.PLANES`).
     """
     S, ids_flat = _slots(b, k, e, T)
     order, info, counts, ni = cpu_ukernel.group_dispatch(b, exes[0], ids_flat, e, S)
@@ -419,8 +419,8 @@ def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int,
         rows, R = x, T
     else:
         rows, R = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xf"), S
-    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, int8)
-    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, int8)
+    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, planes)
+    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, planes)
 
 
 def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,

@@ -9,7 +9,7 @@
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{activations=bf16,decode=int}' | filecheck %s --check-prefix=INT
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{activations=mxfp8}' | filecheck %s --check-prefix=MXFP8
 // RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg{activations=fp4}' 2>&1 | filecheck %s --check-prefix=BADACT
-// BADACT: error: pass 'mxmoe-lower-to-linalg': activations must be one of bf16, mxfp8, got 'fp4'
+// BADACT: error: pass 'mxmoe-lower-to-linalg': activations must be one of bf16, mxfp8, mxint8, mxint16, got 'fp4'
 
 // CHECK-LABEL: func.func @plain(
 // CHECK: %[[Y:.+]] = call @[[MM:mxmoe_grouped_matmul_[0-9a-f]+]](

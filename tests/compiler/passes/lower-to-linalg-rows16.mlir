@@ -3,9 +3,16 @@
 // the MXINT8 quantizer (rows of int8 in natural order, and 2 f32 words per 32-value block: the scale and the
 // offset correction) and the rows16 matmul. Every activation type takes it, f32 included (no rounding after).
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s
+// activations=mxint16: each row as two int8 planes (hi, lo of a 15-bit element), twice the rows' bytes and words,
+// and the two-plane symbols:
+// RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o,activations=mxint16}' | filecheck %s --check-prefix=X2
+// X2: call @mxmoe_mxint16_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64, %c1, %c2, %{{.+}}, %workgroup_id_x)
+// X2: call @mxmoe_rows16x2_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y)
+// X2: flow.dispatch @{{.+}} -> (tensor<?x128xi8>{%{{.+}}}, tensor<?x8xf32>{%{{.+}}})
+// X2: flow.dispatch @{{.+}}(%{{.+}}#0, %{{.+}}#1, %{{.+}}) : (tensor<?x128xi8>{%{{.+}}}, tensor<?x8xf32>{%{{.+}}},
 // No linalg form reads the layout: without the object the pass refuses it, by name.
 // RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg' 2>&1 | filecheck %s --check-prefix=NOUK
-// NOUK: error: 'mxmoe.grouped_matmul_combine' op weight layout 'cpu-mxfp4-rows16' (activations='mxint8') is read by the cpu microkernel only: pass mxmoe-lower-to-linalg{ukernel=PATH}
+// NOUK: error: 'mxmoe.grouped_matmul_combine' op weight layout 'cpu-mxfp4-rows16' (activations='mxint8' / 'mxint16') is read by the cpu microkernel only: pass mxmoe-lower-to-linalg{ukernel=PATH}
 
 util.global private @w2 {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w2"> : tensor<4x96x32xi8>
 util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w2_scale"> : tensor<4x96x2xi8>

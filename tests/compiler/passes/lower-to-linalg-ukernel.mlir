@@ -5,6 +5,9 @@
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s
 // Row-major weights (the ROCm targets) ignore the option: no executable, no dispatch.
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o}' | filecheck %s --check-prefix=ROWMAJOR
+// activations=mxint16 is a form of the rows16 layout only:
+// RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o,activations=mxint16}' 2>&1 | filecheck %s --check-prefix=BAD16
+// BAD16: error: {{.+}} activations='mxint16' needs the weight layout 'cpu-mxfp4-rows16', got 'cpu-mxfp4-blocksplit'
 // A bad option is rejected by name:
 // RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg{object=/x.o}' 2>&1 | filecheck %s --check-prefix=BADOPT
 // BADOPT: error: pass 'mxmoe-lower-to-linalg': unknown option '{object=/x.o}' (expected 'ukernel=PATH' or
