@@ -1,5 +1,5 @@
-/* Single-thread harness of the int8 form's matmul (kernels/cpu/mxint8_rows16.c) against the bf16 / int16 one
- * (mxfp4_matvec.c), one expert of n x k, R activation rows, weights in L2 (n = 256, k = 2880: 368 KB) or streamed
+/* Single-thread harness of the int8 forms' matmul (kernels/cpu/mxint8_rows16.c: MXINT8 rows, and mxint16's two int8
+ * planes per row) against the bf16 / int16 one (mxfp4_matvec.c), one expert of n x k, R activation rows, weights in L2 (n = 256, k = 2880: 368 KB) or streamed
  * from DRAM (one of 64 experts of n = 2880 per call, 265 MB in all).  Prints GB/s of packed weights per core,
  * best of many calls.  Build: cc -O3 -march=native -Ikernels/cpu benchmarks/cpu_rows16.c -o /tmp/h (with the
  * flags of a flavor: kernels/cpu FLAVORS).  Random bytes; correctness is tests/kernels/test_cpu_mxint8.py's. */
@@ -15,7 +15,8 @@ static double now(void) {
 }
 #define M(p, n) (void *)(p), (void *)(p), (size_t)0, (size_t)(n), (size_t)1
 
-static double run(int int8, size_t E, size_t n, size_t k, size_t R, int calls) {
+/* form: 0 the bf16 / int16 one, 1 MXINT8, 2 mxint16 */
+static double run(int form, size_t E, size_t n, size_t k, size_t R, int calls) {
   const size_t nb = k / 32;
   uint8_t *w = malloc(E * n * k / 2), *s = malloc(E * n * nb);
   for (size_t i = 0; i < E * n * k / 2; ++i) w[i] = (uint8_t)rand();
@@ -25,13 +26,14 @@ static double run(int int8, size_t E, size_t n, size_t k, size_t R, int calls) {
   int32_t order[64], counts[2] = {1, (int32_t)R};
   for (size_t i = 0; i < R; ++i) order[i] = (int32_t)i;
   int64_t info[2];
-  int8_t *q8 = malloc(R * k);
-  float *xs8 = malloc(R * 2 * nb * 4);
+  int8_t *q8 = malloc(2 * R * k);
+  float *xs8 = malloc(2 * R * 2 * nb * 4);
   int16_t *q16 = malloc(R * 64 * row_pairs(nb) * 2);
   float *xs16 = malloc(R * scale_row(nb) * 4);
   uint16_t *xb = malloc(R * k * 2);
   for (size_t i = 0; i < R * k; ++i) { union { float f; uint32_t u; } v = {x[i]}; xb[i] = (uint16_t)(v.u >> 16); }
-  if (int8) mxmoe_mxint8_quantize_rows(M(x, R * k), M(order, R), M(counts, 2), M(q8, R * k), M(xs8, R * 2 * nb), k, 1, KIND_F32, R, 0);
+  if (form == 1) mxmoe_mxint8_quantize_rows(M(x, R * k), M(order, R), M(counts, 2), M(q8, R * k), M(xs8, R * 2 * nb), k, 1, KIND_F32, R, 0);
+  else if (form == 2) mxmoe_mxint16_quantize_rows(M(x, R * k), M(order, R), M(counts, 2), M(q8, 2 * R * k), M(xs8, 4 * R * nb), k, 1, KIND_F32, R, 0);
   else mxmoe_mxfp4_quantize_rows(M(xb, R * k), M(order, R), M(counts, 2), M(q16, 1), M(xs16, 1), k, 1, KIND_BF16, R, 0);
   double best = 1e9;
   for (int c = 0; c < calls; ++c) {
@@ -40,7 +42,10 @@ static double run(int int8, size_t E, size_t n, size_t k, size_t R, int calls) {
     info[1] = (int64_t)e | (int64_t)R << 32;
     const double t0 = now();
     for (size_t tile = 0; tile < n / 64; ++tile) {
-      if (int8)
+      if (form == 2)
+        mxmoe_rows16x2_grouped_matvec(M(q8, 1), M(xs8, 1), M(w, 1), M(s, 1), M(x, 1), M(info, 2), M(counts, 2), M(order, R),
+                                      M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0);
+      else if (form == 1)
         mxmoe_rows16_grouped_matvec(M(q8, 1), M(xs8, 1), M(w, 1), M(s, 1), M(x, 1), M(info, 2), M(counts, 2), M(order, R),
                                     M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0);
       else
@@ -55,11 +60,11 @@ static double run(int int8, size_t E, size_t n, size_t k, size_t R, int calls) {
 }
 
 int main(void) {
-  printf("GB/s of packed weights, one thread, best call: rows | L2 bf16/int16  L2 int8 | DRAM bf16/int16  DRAM int8\n");
+  printf("GB/s of packed weights, one thread, best call: rows | L2 bf16/int16  int8  mxint16 | DRAM bf16/int16  int8  mxint16\n");
   for (size_t R = 1; R <= 64; R = R < 4 ? R + 1 : R == 8 ? 12 : R == 12 ? 16 : R * 2) {
-    const double l2a = run(0, 1, 256, 2880, R, 400), l2b = run(1, 1, 256, 2880, R, 400);
-    const double da = run(0, 64, 2880, 2880, R, 64), db = run(1, 64, 2880, 2880, R, 64);
-    printf("%4zu | %6.2f %6.2f | %6.2f %6.2f\n", R, l2a, l2b, da, db);
+    const double l2a = run(0, 1, 256, 2880, R, 400), l2b = run(1, 1, 256, 2880, R, 400), l2c = run(2, 1, 256, 2880, R, 400);
+    const double da = run(0, 64, 2880, 2880, R, 64), db = run(1, 64, 2880, 2880, R, 64), dc = run(2, 64, 2880, 2880, R, 64);
+    printf("%4zu | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f\n", R, l2a, l2b, l2c, da, db, dc);
   }
   return 0;
 }

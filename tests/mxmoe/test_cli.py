@@ -149,23 +149,25 @@ def test_run_check_uses_the_reference_of_the_recorded_activations(capsys, tiny_a
     assert rc == 0 and "torch reference" in out
 
 
-def test_cpu_mxint8_artifact_is_checked_against_the_mxint8_reference(capsys, work):
-    """compile --activations mxint8 on cpu records the form; run --check compares with the reference that rounds the
-    activations to MXINT8 (the module matches it to bf16 rounding) and inspect says so; a bad value is one line."""
+@pytest.mark.parametrize("form,says", [("mxint8", "MXINT8"), ("mxint16", "15-bit integer")])
+def test_cpu_int8_form_artifacts_are_checked_against_their_reference(capsys, work, form, says):
+    """compile --activations mxint8 / mxint16 on cpu records the form; run --check compares with the reference that
+    rounds the activations as the module does (it matches it to bf16 rounding) and inspect says so; a bad value is
+    one line."""
     from mxmoe.kernels.cpu import matvec_object
 
     if matvec_object().path is None:
         pytest.skip(f"no cpu microkernel here: {matvec_object().reason}")
-    p = work / "tiny_mxint8.mxmoe"
-    assert main(["compile", "--preset", "tiny", "--target", "cpu", "--activations", "mxint8", "-o", str(p), "--seed",
+    p = work / f"tiny_{form}.mxmoe"
+    assert main(["compile", "--preset", "tiny", "--target", "cpu", "--activations", form, "-o", str(p), "--seed",
                  "5", "-q"]) == 0
-    assert A.Artifact(p).manifest["target"]["activations"] == "mxint8"
+    assert A.Artifact(p).manifest["target"]["activations"] == form
     assert A.Artifact(p).manifest["target"]["layout"] == "cpu-mxfp4-rows16"
     rc, out, _ = cli(capsys, "inspect", p)
-    assert rc == 0 and "activations mxint8 (the expert GEMMs read MXINT8" in out
+    assert rc == 0 and f"activations {form} (the expert GEMMs read {says}" in out
     rc, out, _ = cli(capsys, "run", p, "--tokens", 9, "--check")
-    assert rc == 0 and "numpy (MXINT8 activations) reference" in out, out
-    rc, _, err = cli(capsys, "compile", "--preset", "tiny", "--target", "rocm:gfx942", "--activations", "mxint8",
+    assert rc == 0 and f"numpy ({form.upper()} activations) reference" in out, out
+    rc, _, err = cli(capsys, "compile", "--preset", "tiny", "--target", "rocm:gfx942", "--activations", form,
                      "-o", str(work / "no.mxmoe"), "-q")
     assert_one_line_error(rc, err, "activations must be one of bf16, mxfp8")
 
