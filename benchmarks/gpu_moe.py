@@ -44,12 +44,14 @@ TOKENS = (1, 8, 64, 512, 4096, 16384)
 
 
 def model_config(name: str):
-    """A preset name, or a layer shape ``E,k,H,I`` (gpt-oss semantics), as a MoEConfig."""
+    """A preset name, or a layer shape ``E,k,H,I`` (gpt-oss semantics), or ``E,k,H,I,S``: with a gated MXFP4 shared
+    expert of intermediate size S, as a MoEConfig."""
     from mxmoe.core.config import MoEConfig, preset
 
     if "," in name or name.startswith("shape-"):
-        e, k, h, i = (int(v) for v in name.removeprefix("shape-").replace("-", ",").split(","))
-        return MoEConfig(num_experts=e, top_k=k, hidden=h, intermediate=i)
+        e, k, h, i, *s = (int(v) for v in name.removeprefix("shape-").replace("-", ",").split(","))
+        shared = dict(shared_intermediate=s[0], shared_gate=True) if s else {}
+        return MoEConfig(num_experts=e, top_k=k, hidden=h, intermediate=i, **shared)
     return preset(name)
 
 
@@ -475,7 +477,8 @@ def main(argv=None) -> int:
                     "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
     ap.add_argument("--models", default=";".join(MODELS),
-                    help="';'-separated presets or layer shapes E,k,H,I (gpt-oss semantics), e.g. 'gpt-oss-20b;64,6,2048,1408'")
+                    help="';'-separated presets or layer shapes E,k,H,I (gpt-oss semantics) or E,k,H,I,S (with a gated MXFP4 "
+                         "shared expert of intermediate S), e.g. 'gpt-oss-20b;64,6,2048,1408'")
     ap.add_argument("--peer", metavar="DIR", help="folder holding triton_kernels/ (the Hopper peer, timed in the same "
                                                    "run: bash ../shared/peers/get_triton_kernels.sh DIR)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))

@@ -183,11 +183,6 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     kernels = _Kernels()
     E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
     classes = shape_classes(E, k)
-    if spec.shared_intermediate and spec.mxfp4_shared and len(classes) > 1 and classes[-1][0] == "large":
-        # An MXFP4 shared expert in the large class (256-row tiles) gave wrong rows on the H100 (about half the
-        # tokens of 2731-4096-token batches, gated or not, either combine; right under the interpreter, and right
-        # in the prefill class): until that is found, such layers run the prefill tiles at every large batch
-        classes = (*classes[:-2], (classes[-2][0], None))
     tiles = {name: _class_tiles(spec, layout, arch, name, options) for name, _ in classes}
     slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}
     # fp32 layers sum into their output unless some class writes slot rows; then every class writes "output"

@@ -223,19 +223,29 @@ def batch_invariant_config(config: TileConfig, K: int) -> TileConfig:
     return dataclasses.replace(config, BLOCK_K=block_k, SPLIT_K=1, num_stages=stages)
 
 
+def _k_steps(kernel: str, constexprs: dict) -> int:
+    """Trips of a grouped GEMM's K loop: K (H for the w13 GEMM, I / SPLIT_K for the w2 one) over BLOCK_K."""
+    k = constexprs["HIDDEN"] if kernel == "glu_gemm" else constexprs["INTERMEDIATE"] // constexprs.get("SPLIT_K", 1)
+    return -(-k // constexprs["BLOCK_K"])
+
+
 def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_version: str) -> int:
     """The software-pipelining depth to compile a plan kernel with, on this Triton version.
 
     Measured on an H100: with Triton 3.6, the grouped dot_scaled GEMMs at the prefill tile (BLOCK_M=128)
     and num_stages=4 returned wrong sums from 4096 tokens up, and num_stages=1 was right; Triton 3.9
-    cubins of the same plan were right. So older Tritons compile those kernels unpipelined. (The Hopper
-    decode path has no dot_scaled; Triton 3.6 ran it right pipelined, 256-row tiles included.)
+    cubins of the same plan were right. So older Tritons compile those kernels unpipelined. On the Hopper
+    decode path, Triton 3.6 ran every class right pipelined but one: an MXFP4 shared expert's w2 GEMM (one
+    expert, 256-row tiles) whose K loop had exactly as many trips as stages (I = 256, BLOCK_K = 64, 4 stages)
+    returned wrong rows for about half the tokens (H100 2026-11-25, H200 2026-11-28; 1, 2 or 3 stages right,
+    and 3 or 5 trips right; Triton 3.9 right). So older Tritons pipeline a Hopper GEMM at most trips - 1 deep.
     """
     major_minor = tuple(int(p) for p in triton_version.split("+")[0].split(".")[:2])
-    if (major_minor < (3, 9) and kernel in ("glu_gemm", "combine_gemm") and constexprs.get("BLOCK_M", 0) >= 128
-            and not constexprs.get("W_HOPPER")):
-        return 1
-    return num_stages
+    if major_minor >= (3, 9) or kernel not in ("glu_gemm", "combine_gemm"):
+        return num_stages
+    if not constexprs.get("W_HOPPER"):
+        return 1 if constexprs.get("BLOCK_M", 0) >= 128 else num_stages
+    return max(1, min(num_stages, _k_steps(kernel, constexprs) - 1))
 
 
 #: Tiles of the w4a8 form (``activations="mxfp8"``, ``_w4a8_kernels``) per arch family and class: (BLOCK_M,

@@ -290,6 +290,15 @@ def test_old_tritons_compile_the_prefill_gemms_unpipelined():
     assert compile_stages("glu_gemm", prefill, 4, "3.9.0") == 4
     assert compile_stages("glu_gemm", {"BLOCK_M": 64}, 4, "3.6.0") == 4
     assert compile_stages("route", prefill, 4, "3.6.0") == 4
+    # the Hopper path: pipelined at most K-loop trips - 1 deep on old Tritons (an MXFP4 shared expert's w2 GEMM with
+    # I = 256, BLOCK_K = 64, 4 stages gave wrong rows with Triton 3.6)
+    shared_w2 = {"W_HOPPER": True, "BLOCK_M": 256, "BLOCK_K": 64, "INTERMEDIATE": 256, "HIDDEN": 384, "SPLIT_K": 1}
+    assert compile_stages("combine_gemm", shared_w2, 4, "3.6.0") == 3
+    assert compile_stages("combine_gemm", shared_w2, 4, "3.9.0") == 4
+    assert compile_stages("combine_gemm", {**shared_w2, "INTERMEDIATE": 320}, 4, "3.6.0") == 4
+    assert compile_stages("glu_gemm", shared_w2, 4, "3.6.0") == 4  # K = H = 384: 6 trips
+    assert compile_stages("combine_gemm", {**shared_w2, "BLOCK_K": 256, "SPLIT_K": 2, "INTERMEDIATE": 512}, 3,
+                          "3.6.0") == 1
 
 
 def test_scale_range_picks_the_hopper_decode_and_the_executor_holds_weights_to_it():
@@ -372,8 +381,7 @@ def test_entries_plans_and_artifact(tmp_path):
 
     shared = ["shared_gate", "dense_groups", "glu_gemm", "combine_gemm"]
     assert kernels(plans["layer"], "gemv") == ["router_route_group"] + shared + ["glu_gemm", "combine_gemm"]
-    last = plans["monolithic"]["classes"][-1]["name"]  # "prefill": an MXFP4 shared expert has no large class
-    assert kernels(plans["monolithic"], last) == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter",
+    assert kernels(plans["monolithic"], "large") == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter",
                                                      *shared, "glu_gemm", "combine_gemm", "cast"]
     assert kernels(plans["modular"], "decode")[0] == "map_and_group"
     assert kernels(plans["modular"], "mid")[:2] == ["map_ids", "chunk_histogram"]
@@ -520,14 +528,13 @@ def test_monolithic_with_an_expert_map_in_the_many_token_routers(T):
     _check(cm(x, logits), layer.monolithic(x, logits))
 
 
-def test_an_mxfp4_shared_expert_has_no_large_class():
-    """The large class's 256-row tiles gave wrong rows with an MXFP4 shared expert on the H100 (not under the
-    interpreter): such layers end with an unbounded prefill class; a bf16 shared expert keeps the large class."""
+def test_an_mxfp4_shared_expert_keeps_the_large_class():
+    """An MXFP4 shared expert runs the large class's 256-row tiles like a bf16 one (until 2026-11-28 it ended with an
+    unbounded prefill class: its w2 GEMM gave wrong rows when Triton 3.6 compiled it, see compile_stages)."""
     def classes(**kw):
         cfg = _cfg(E=16, k=3, H=384, I=320, shared_intermediate=256, **kw)
         return [(c["name"], c["max_tokens"]) for c in
                 mxmoe.compile(MoE.random(cfg, seed=0), target="cuda:sm_90", interpret=True).kernel_plan["classes"]]
 
-    mx = classes(shared_gate=True)
-    assert mx[-1] == ("prefill", None) and "large" not in dict(mx)
+    assert classes(shared_gate=True)[-1] == ("large", None)
     assert classes(shared_format="bf16")[-1] == ("large", None)
