@@ -1,6 +1,6 @@
-/* mxmoe CPU microkernels, int8-activation form (included by mxfp4_matvec.c, which defines MEMREF, AT, the
- * element kinds, item_t / store / out_col and load_block): the opt-in activations="mxint8" of the
- * cpu target.
+/* mxmoe CPU microkernels, int8-activation forms (included by mxfp4_matvec.c, which defines MEMREF, AT, the
+ * element kinds, item_t / store / out_col and load_block): the opt-in activations="mxint8" and "mxint16" of
+ * the cpu target.
  *
  * Activations (mxmoe_mxint8_quantize_rows): OCP MXINT8 per 32-value block.  E = the binary exponent of the
  * block's largest magnitude (floor(log2 amax), clamped to [-100, 127] like the int16 path), the element
@@ -25,6 +25,10 @@
  * the two powers of two's bits where that gives the same bits: R16_SCALE_1, r16_fast).  Only the f32
  * accumulation over blocks rounds, in block order for every row, whatever the number of rows computed
  * together (batch invariant).
+ *
+ * The two-plane form (activations="mxint16", mx_row with planes 2): each activation row as two int8 rows, hi and
+ * lo of a 15-bit element, with their own scales and corrections; the same passes compute both planes of a row,
+ * and their results are added before the store (item_rows16).
  *
  * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
  * halves of 8 rows, vpmaddubsw + vpmaddwd: the u8 x s8 products of a lane pair are <= 6096, four of them
@@ -112,18 +116,14 @@ static void mx_quantize_rows(const void *x, const int32_t *order, const int32_t 
   }
 }
 
-void mxmoe_mxint8_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
-                                MEMREF(const int32_t, counts), MEMREF(int8_t, xq), MEMREF(float, xs), size_t k,
-                                size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
-  mx_quantize_rows(AT(x), AT(order), AT(counts), AT(xq), AT(xs), k, div, x_kind, rows_per_wg, wg, 1);
-}
-
-/* the two-plane form (activations="mxint16"): xq [S, 2 k], xs [S, 4 nb] */
-void mxmoe_mxint16_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
-                                 MEMREF(const int32_t, counts), MEMREF(int8_t, xq), MEMREF(float, xs), size_t k,
-                                 size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
-  mx_quantize_rows(AT(x), AT(order), AT(counts), AT(xq), AT(xs), k, div, x_kind, rows_per_wg, wg, 2);
-}
+/* the quantizers' entry points: MXINT8 rows, and two-plane rows (activations="mxint16": xq [S, 2 k], xs [S, 4 nb]) */
+#define MX_QUANTIZE_ENTRY(NAME, PLANES)                                                                          \
+  void NAME(MEMREF(const void, x), MEMREF(const int32_t, order), MEMREF(const int32_t, counts), MEMREF(int8_t, xq), \
+            MEMREF(float, xs), size_t k, size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {                \
+    mx_quantize_rows(AT(x), AT(order), AT(counts), AT(xq), AT(xs), k, div, x_kind, rows_per_wg, wg, PLANES);      \
+  }
+MX_QUANTIZE_ENTRY(mxmoe_mxint8_quantize_rows, 1)
+MX_QUANTIZE_ENTRY(mxmoe_mxint16_quantize_rows, 2)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define MXMOE_VNNI 1
@@ -410,26 +410,17 @@ static void rows16_grouped_matvec(const int8_t *xq, const float *xs, const uint8
   item_rows16(&it, xq + first * planes * k, xs + first * planes * mxint8_xs_row(k / 32), planes);
 }
 
-/* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows); w: [E, n, k / 2] and s: [E, n, k / 32]
- * in the rows16 layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n,
- * tile, u, deinterleave: as mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16). */
-void mxmoe_rows16_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, xs),
-                                 MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
-                                 MEMREF(const void, bias), MEMREF(const int64_t, info),
-                                 MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
-                                 MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
-                                 size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
-  rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
-                        bias_kind, deinterleave, tile_n, tile, u, 1);
-}
-
-/* the same with two-plane rows (mxmoe_mxint16_quantize_rows: xq [S, 2 k], xs [S, 4 k / 32]) */
-void mxmoe_rows16x2_grouped_matvec(MEMREF(const int8_t, xq), MEMREF(const float, xs),
-                                   MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
-                                   MEMREF(const void, bias), MEMREF(const int64_t, info),
-                                   MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
-                                   MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,
-                                   size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
-  rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
-                        bias_kind, deinterleave, tile_n, tile, u, 2);
-}
+/* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows; with two planes per row,
+ * mxmoe_mxint16_quantize_rows: xq [S, 2 k], xs [S, 4 k / 32]); w: [E, n, k / 2] and s: [E, n, k / 32] in the rows16
+ * layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n, tile, u, deinterleave: as
+ * mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16).  One entry point per number of planes. */
+#define ROWS16_ENTRY(NAME, PLANES)                                                                              \
+  void NAME(MEMREF(const int8_t, xq), MEMREF(const float, xs), MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),  \
+            MEMREF(const void, bias), MEMREF(const int64_t, info), MEMREF(const int32_t, counts),                 \
+            MEMREF(const int32_t, order), MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,      \
+            size_t deinterleave, size_t tile_n, size_t tile, size_t u) {                                          \
+    rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n,  \
+                          k, bias_kind, deinterleave, tile_n, tile, u, PLANES);                                   \
+  }
+ROWS16_ENTRY(mxmoe_rows16_grouped_matvec, 1)
+ROWS16_ENTRY(mxmoe_rows16x2_grouped_matvec, 2)
