@@ -21,7 +21,7 @@ from mxmoe.core.bridge import dtype_name, to_numpy, to_torch
 from mxmoe.core.layouts import get_layout
 from mxmoe.kernels.triton import KernelPlan, LayerSpec, PlanError, StoredWeight, fit_scale_range, plan_layer
 from mxmoe.kernels.triton.kernels import arg_names
-from mxmoe.kernels.triton.tile_config import TileConfig, class_config, shape_classes
+from mxmoe.kernels.triton.tile_config import PREFILL_ROWS_PER_EXPERT, TileConfig, class_config, shape_classes
 from mxmoe.runtime.triton_executor import TritonExecutor
 
 HAS_CUDA = torch.cuda.is_available()
@@ -725,7 +725,9 @@ def test_class_tiles(target):
     assert tiles(256)[0].BLOCK_M == 32 and tiles(257)[0].BLOCK_M == 64
     assert tiles(1024, E=128)[0].BLOCK_M == 32
     assert (tiles(4096)[0].BLOCK_M, tiles(4096)[0].GROUP_M) == (256, 4)
-    assert tiles(4096, E=128)[0].BLOCK_M == 128 and tiles(16384, E=128)[0].BLOCK_M == 256
+    # 128 experts: on sm_90 mid's 64-row tiles up to 128 rows per expert (4096 tokens), then prefill's 128
+    assert tiles(4096, E=128)[0].BLOCK_M == (64 if target == SM90 else 128) and tiles(4097, E=128)[0].BLOCK_M == 128
+    assert tiles(16384, E=128)[0].BLOCK_M == 256
     assert tiles(1, E=8, k=2, H=96, I=32)[0].BLOCK_N == (32 if target == SM100 else 64)
     assert tiles(2000, E=8, k=2, H=96, I=32)[0].BLOCK_N == 64  # clamped to the (tiny) N = 2I
     assert tiles(1)[1].SPLIT_K == (2 if target == SM90 else 1) and tiles(5)[1].SPLIT_K == 1
@@ -748,6 +750,10 @@ def test_shape_classes_follow_rows_per_expert():
     assert gpt_oss_20b[2:4] == (("sparse", 256), ("mid", 1024))
     assert [name for name, _ in gpt_oss_120b] == ["gemv", "decode", "sparse", "prefill", "large"]
     assert gpt_oss_120b[2] == ("sparse", 1024)
+    # the Hopper bf16 path: mid up to 128 rows per expert (4096 tokens for 120b; 20b's 1024 unchanged)
+    hopper_120b = shape_classes(128, 4, PREFILL_ROWS_PER_EXPERT)
+    assert hopper_120b[2:] == (("sparse", 1024), ("mid", 4096), ("prefill", 16383), ("large", None))
+    assert shape_classes(32, 4, PREFILL_ROWS_PER_EXPERT) == gpt_oss_20b
     bounds = [limit for _, limit in gpt_oss_20b[:-1]]
     assert bounds == sorted(bounds)
     with pytest.raises(ValueError, match="num_experts"):
