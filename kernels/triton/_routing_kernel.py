@@ -116,7 +116,7 @@ def _select_and_store(logits, tokens, token_mask, weights_ptr, ids_ptr, map_ptr,
     tl.store(ids_ptr + out, chosen_id, mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # as AOT compiles it: _runtime_zero needs it at run time
 def router_gemm_kernel(x_ptr, w_ptr, partial_ptr, num_tokens,
                        HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                        H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr,
@@ -241,7 +241,7 @@ def _logits_tile(logits_ptr, rows, token_mask, NUM_EXPERTS: tl.constexpr, EXPERT
                    mask=token_mask[:, None] & (experts < NUM_EXPERTS)[None, :], other=0.0).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_tokens,
                         HIDDEN: tl.constexpr, NUM_EXPERTS: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                         H_PER_SPLIT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -307,7 +307,7 @@ def router_route_kernel(x_ptr, w_ptr, b_ptr, weights_ptr, ids_ptr, map_ptr, num_
                            sb_ptr)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr,
                               sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
                               counter_ptr,
@@ -340,7 +340,7 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
                             SIGMOID, RENORMALIZE, SCALING, N_GROUP, TOPK_GROUP, GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def router_route_scatter_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr,
                                 sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
                                 counter_ptr, block_counts_ptr, ranks_ptr,
@@ -434,7 +434,7 @@ def _group(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offset
                     num_tokens * TOP_K, num_blocks, NUM_EXPERTS, EXPERTS_POW2, BLOCK_M, CHUNK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                           NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
                           SLOTS_POW2: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -452,7 +452,7 @@ def route_partials_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                     GROUPS_POW2, HAS_SCORE_BIAS, sb_ptr)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def route_and_group_kernel(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens,
                            sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks,
                            NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EXPERTS_POW2: tl.constexpr,
