@@ -145,14 +145,16 @@ def test_bf16_on_the_cpu_microkernel():
     assert _rel(_logits(model, "mxmoe", ids), _logits(model, "eager", ids)) < 5e-2
 
 
-def test_a_target_object_picks_the_cpu_int8_form():
+@pytest.mark.parametrize("form,lo,hi", [("mxint8", 1e-3, 5e-2), ("mxint16", 0.0, 1e-2), ("bf16", 0.0, 1e-2)])
+def test_a_target_object_picks_a_cpu_activation_form(form, lo, hi):
     """``target`` may be a target with its options: the cpu target's MXINT8 form runs each experts call at MXINT8's
-    error (~2%) against eager with the dequantized weights (logits can move more: a later router near a tie)."""
+    error (~2%) against eager with the dequantized weights (logits can move more: a later router near a tie); the
+    two-plane form (mxint16) at the bf16 form's (measured: both 8.6e-3 here, eager rounding its GLU in bf16 steps)."""
     from mxmoe.compiler.targets import get_target
 
     model = _mixtral(dtype=torch.bfloat16, seed=7)
-    report = mt.quantize_experts(model, target=get_target("cpu").with_activations("mxint8"))
-    assert quantized_state(model.model.layers[0].mlp.experts).target.activations == "mxint8", report
+    report = mt.quantize_experts(model, target=get_target("cpu").with_activations(form))
+    assert quantized_state(model.model.layers[0].mlp.experts).target.activations == form, report
     mt.dequantize_experts(model)
     ex = model.model.layers[0].mlp.experts
     g = torch.Generator().manual_seed(0)
@@ -162,7 +164,7 @@ def test_a_target_object_picks_the_cpu_int8_form():
     y = mxmoe_experts_forward(ex, x, ids, w)
     model.set_experts_implementation("eager")
     err = _rel(y.float(), ex(x, ids, w).float())
-    assert 1e-3 < err < 5e-2, err  # above the bf16 form's rounding: the activations were quantized
+    assert lo < err < hi, err  # mxint8: above the bf16 form's rounding, the activations were quantized
 
 
 def test_expert_parallel_sentinel_contributes_nothing():
