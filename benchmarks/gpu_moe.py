@@ -477,8 +477,8 @@ def main(argv=None) -> int:
                     "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
     ap.add_argument("--models", default=";".join(MODELS),
-                    help="';'-separated presets or layer shapes E,k,H,I (gpt-oss semantics) or E,k,H,I,S (with a gated MXFP4 "
-                         "shared expert of intermediate S), e.g. 'gpt-oss-20b;64,6,2048,1408'")
+                    help="';'-separated presets or layer shapes E,k,H,I (gpt-oss semantics) or E,k,H,I,S (with a "
+                         "gated MXFP4 shared expert of intermediate S), e.g. 'gpt-oss-20b;64,6,2048,1408'")
     ap.add_argument("--peer", metavar="DIR", help="folder holding triton_kernels/ (the Hopper peer, timed in the same "
                                                    "run: bash ../shared/peers/get_triton_kernels.sh DIR)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))

@@ -72,7 +72,8 @@ CPU_ROWS16 = Layout(
     "cpu-mxfp4-rows16", swizzle.rows16_swizzle, swizzle.rows16_unswizzle,
     permute_scales=swizzle.rows16_scales, unpermute_scales=swizzle.rows16_unscales,
     summary="16 output rows interleaved per 32-value block (4 values of each row per 4 bytes, two nibble "
-            "planes), scales likewise: one vpdpbusd accumulates 16 rows (the cpu target's activations='mxint8' and 'mxint16')")
+            "planes), scales likewise: one vpdpbusd accumulates 16 rows (the cpu target's activations='mxint8' and "
+            "'mxint16')")
 TRITON_HOPPER = Layout(
     "triton-mxfp4-hopper", swizzle.hopper_swizzle, swizzle.hopper_unswizzle, hopper_words=True,
     summary="32-bit words holding the 8 values one thread of a warpgroup MMA needs, their bits at bf16 "

@@ -98,9 +98,9 @@ def act_buffers(kk: int, planes: int) -> tuple[tuple[str, int], int]:
 
 def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, counts: str, S: str,
                       kk: int, planes: int = 0) -> tuple[str, str]:
-    """(xq [S, xq_width] i16, xs [S, xs_width] f32) (planes: [S, planes kk] i8, [S, planes 2 kk / 32] f32): sorted row p <
-    nvalid quantized from ``x`` [R, kk] (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``, see
-    :func:`quantize_executable_text`)."""
+    """(xq [S, xq_width] i16, xs [S, xs_width] f32) (planes: [S, planes kk] i8, [S, planes 2 kk / 32] f32): sorted
+    row p < nvalid quantized from ``x`` [R, kk] (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``,
+    see :func:`quantize_executable_text`)."""
     (q_el, q_w), s_w = act_buffers(kk, planes)
     res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
               f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, q_w], q_el)}{{{S}}}, "
