@@ -331,8 +331,9 @@ def mxint8_round_trip(x: np.ndarray) -> np.ndarray:
     return _mx_int_round_trip(x, MXINT8_FRAC, MXINT8_MAX)
 
 
-#: the cpu target's ``activations="mxint16"`` elements: units of 2^-13 of the block scale (|q| <= 2^14, never clipped)
-MXINT16_FRAC = 13
+#: the cpu target's ``activations="mxint16"`` elements: units of 2^-13 of the block scale, |q| <= 2^14 (|x| < 2^(E + 1),
+#: so clipping there never changes a value)
+MXINT16_MAX, MXINT16_FRAC = 1 << 14, 13
 
 
 def mxint16_round_trip(x: np.ndarray) -> np.ndarray:
@@ -340,7 +341,7 @@ def mxint16_round_trip(x: np.ndarray) -> np.ndarray:
     :func:`mxint8_round_trip` with elements ``q = round(x * 2^(13 - E))`` (|q| <= 2^14: 15 bits below the block's
     largest, so bf16 values within 2^-6 of it are exact). The kernel splits each q exactly into two int8 planes
     (``kernels/cpu/mxint8_rows16.c``)."""
-    return _mx_int_round_trip(x, MXINT16_FRAC, 1 << 14)
+    return _mx_int_round_trip(x, MXINT16_FRAC, MXINT16_MAX)
 
 
 #: the sm_90 w4a8 form reads a weight scale group as zeros when its scale is more than this many binades under its

@@ -93,7 +93,8 @@ static void mx_row(const void *x, size_t kind, size_t k, size_t planes, int8_t *
       sum[0] = _mm256_add_epi32(sum[0], q[0][j]);
     }
     for (size_t pl = 0; pl < planes; ++pl) {
-      union { uint32_t u; float f; } sc = {(uint32_t)(e - (pl ? 14 : planes == 1 ? 7 : 6) + 127) << 23};
+      /* the plane's unit over 2: 2^(E - shift - 1), the hi plane of two 2^8 times that */
+      union { uint32_t u; float f; } sc = {(uint32_t)(e - shift - 1 + 8 * (int)(planes - 1 - pl) + 127) << 23};
       float *xw = xs + pl * 2 * nb;
       _mm256_storeu_si256((__m256i *)(xq + pl * k + 32 * b), pack32_epi8(q[pl][0], q[pl][1], q[pl][2], q[pl][3]));
       if (!finite) sc.u = 0x7FC00000u;

@@ -422,3 +422,18 @@ def test_slots_with_no_expert_contribute_nothing(path, op, request):
             assert (out[2] == 0).all()
         scale = max(float(np.abs(ref).max()), 1e-30)
         assert float(np.abs(out - ref).max()) / scale < TOL, (path, op, T)
+
+
+def test_a_microkernel_path_with_a_comma_is_refused_in_one_line(monkeypatch, tmp_path):
+    """The pass options are comma-separated, so a cache folder with a comma in its path cannot carry the object's
+    path: the compile says so, naming the setting to change, instead of failing in the pass's option parser."""
+    monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path / "a,b"))
+    ukernels.matvec_object.cache_clear()
+    try:
+        if ukernels.matvec_object().path is None:
+            pytest.skip(f"no cpu microkernel here: {ukernels.matvec_object().reason}")
+        with pytest.raises(ValueError, match=r"may not contain a comma .*MXMOE_CACHE_DIR") as e:
+            mxmoe.compile(MoE.random(PRESETS["tiny"], seed=1), target="cpu")
+        assert "\n" not in str(e.value)
+    finally:
+        ukernels.matvec_object.cache_clear()

@@ -139,15 +139,12 @@ def test_an_mxfp4_shared_expert_in_the_large_class(near_tie_tokens):
     (K = I = 256: as many K steps as pipeline stages) into wrong rows for about half the tokens
     (tile_config.compile_stages); bundle ``shape-16-3-384-320-256`` (``gpu_moe.py --build DIR --models
     16,3,384,320,256``)."""
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-    from gpu_moe import model_config
-
+    from mxmoe.core.config import MoEConfig
     from mxmoe.torch_frontend import MoE
 
-    name = "16,3,384,320,256"
-    ex, layer = _compiled("shape-" + name.replace(",", "-"), MoE.random(model_config(name), seed=11))
+    # the layer gpu_moe.py builds for "16,3,384,320,256" (gpt-oss semantics, a gated shared expert of 256)
+    cfg = MoEConfig(num_experts=16, top_k=3, hidden=384, intermediate=320, shared_intermediate=256, shared_gate=True)
+    ex, layer = _compiled("shape-16-3-384-320-256", MoE.random(cfg, seed=11))
     assert [c["name"] for c in ex.plan["classes"]][-1] == "large"
     for T in (1100, 2731, 4096, 8192):
         x = torch.randn(T, layer.config.hidden, generator=torch.Generator().manual_seed(T)).bfloat16().cuda()
