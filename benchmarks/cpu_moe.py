@@ -89,11 +89,11 @@ def machine_peaks(threads: int) -> dict[tuple[str, int], float]:
     return peaks
 
 
-def set_threads(threads: int) -> None:
-    """IREE's local-task workers (before the first module loads) and torch's threads."""
+def set_threads(threads: int, runtime_flags: list[str] = ()) -> None:
+    """IREE's local-task workers and any other runtime flags (before the first module loads), torch's threads."""
     import iree.runtime as rt
 
-    rt.flags.parse_flags(f"--task_topology_max_group_count={threads}")
+    rt.flags.parse_flags(f"--task_topology_max_group_count={threads}", *runtime_flags)
     torch.set_num_threads(threads)
 
 
@@ -207,7 +207,7 @@ def spread(v: list[float]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ timeline
-def timeline(cm, cfg, T: int, threads: int, repeats: int) -> None:
+def timeline(cm, cfg, T: int, threads: int, repeats: int, runtime_flags: list[str] = ()) -> None:
     """Per-dispatch host-execution times of one call (iree-benchmark-module + iree-profile), grouped."""
     from mxmoe.runtime.artifact import irpa_writer
 
@@ -221,7 +221,7 @@ def timeline(cm, cfg, T: int, threads: int, repeats: int) -> None:
         prof = Path(d) / "p.ireeprof"
         base = [str(tools / "iree-benchmark-module"), f"--module={vmfb}", f"--parameters=model={params}",
                 "--device=local-task", f"--function={cm.entries[0].name}", f"--input={T}x{cfg.hidden}xbf16=@{Path(d) / 'x.bin'}",
-                f"--task_topology_max_group_count={threads}", f"--benchmark_min_time={repeats}x"]
+                f"--task_topology_max_group_count={threads}", f"--benchmark_min_time={repeats}x", *runtime_flags]
         run = subprocess.run(base + ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"],
                              capture_output=True, text=True)
         if run.returncode != 0:
@@ -299,8 +299,10 @@ def main() -> None:
     p.add_argument("--no-peaks", action="store_true")
     p.add_argument("--activations", default="bf16", choices=["bf16", "mxint8", "mxint16"],
                    help="the activation form of the mxmoe module (compile option activations=)")
+    p.add_argument("--runtime-flag", action="append", default=[], metavar="FLAG",
+                   help="an IREE runtime flag for the mxmoe module (repeatable), e.g. --runtime-flag=--task_worker_spin_us=50")
     args = p.parse_args()
-    set_threads(args.threads)
+    set_threads(args.threads, args.runtime_flag)
 
     import mxmoe
     from mxmoe.core.config import MoEConfig, PRESETS
@@ -428,7 +430,7 @@ def main() -> None:
 
     for T in (int(t) for t in args.timeline.split(",") if t):
         print()
-        timeline(cm, cfg, T, args.threads, 50 if T < 64 else 5)
+        timeline(cm, cfg, T, args.threads, 50 if T < 64 else 5, args.runtime_flag)
     print(f"\nload avg after: {loadavg()}")
 
 

@@ -87,7 +87,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) ->
                            activations=ACTIVATIONS, **NUMERICS_OPTIONS[NUMERICS])
         write_bundle(os.path.join(out_dir, name), cm.kernel_plan, cm.binaries)
         print(f"{name}: {len(cm.binaries)} cubins for sm_{arch} -> {out_dir}/{name}", flush=True)
-        for variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
+        for label, variant in variants:  # AOT-compiled tile variants (one or more retiled GEMMs), to time what ships
             from mxmoe.kernels.triton.aot import compile_plan
 
             plan = cm.kernel_plan
@@ -98,7 +98,7 @@ def build(out_dir: str, arch: int, variants: list[tuple] = (), models=MODELS) ->
             for cls, gemm, *tiles in variant:
                 plan = retile(plan, cls, gemm, *tiles)
             binaries, plan["cubins"] = compile_plan(plan)
-            vname = name + "@" + "+".join("-".join(map(str, v)) for v in variant)
+            vname = name + "@" + (label or "+".join("-".join(map(str, v)) for v in variant))
             write_bundle(os.path.join(out_dir, vname), plan, binaries)
             print(f"{vname}: {len(binaries)} cubins", flush=True)
 
@@ -417,9 +417,10 @@ def launch_times(torch, ex, x) -> str:
 
 
 def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: int, stages: int,
-           tma: int | None = None):
+           tma: int | None = None, tail: int | None = None):
     """A copy of ``plan`` whose class ``cls_name`` runs GEMM ``gemm`` ("glu_gemm"/"combine_gemm") with
-    other tiles (BLOCK_M unchanged; ``tma`` 0/1 switches TMA weight tiles), for sweeps."""
+    other tiles (BLOCK_M unchanged; ``tma`` 0/1 switches TMA weight tiles; ``tail`` sets TAIL_M, 0 = none), for
+    sweeps."""
     import copy
 
     plan = copy.deepcopy(plan)
@@ -429,8 +430,12 @@ def retile(plan, cls_name: str, gemm: str, block_n: int, block_k: int, warps: in
     entry["constexprs"].update(BLOCK_N=block_n, BLOCK_K=block_k)
     if tma is not None:
         entry["constexprs"]["W_TMA"] = bool(tma)
+    if tail:
+        entry["constexprs"]["TAIL_M"] = tail
+    elif tail is not None:
+        entry["constexprs"].pop("TAIL_M", None)
     entry["num_warps"], entry["num_stages"] = warps, stages
-    new = f"{gemm}.sweep"
+    new = f"{gemm}.{cls_name}.sweep"
     plan["kernels"][new] = entry
     n = 2 * plan["layer"]["intermediate"] if gemm == "glu_gemm" else plan["layer"]["hidden"]
     launch["kernel"], launch["grid"] = new, [launch["grid"][0], f"cdiv({n}, {block_n})", *launch["grid"][2:]]
@@ -459,7 +464,7 @@ def sweep(plans_dir: str, name: str, tokens: list[int], candidates: list[tuple])
                 ex = TritonExecutor(retile(plan, cls, gemm, bn, bk, w, st), params, mode="jit")
                 err = float((ex(x).float() - ref).abs().max())
                 buffers = {n: b.zero_() for n, b in ex.new_buffers(T).items()}
-                step = next(st_ for st_ in ex.steps(T) if st_.entry == f"{gemm}.sweep")
+                step = next(st_ for st_ in ex.steps(T) if st_.entry == f"{gemm}.{cls}.sweep")
                 t = time_cuda(torch, lambda: ex.launch(step, x, buffers), iters=30, graph=True)
                 print(f"sweep {name} T={T} {gemm} N={bn} K={bk} w={w} s={st}: {t * 1e6:.1f} us (err {err:.3g})",
                       flush=True)
@@ -473,7 +478,8 @@ def main(argv=None) -> int:
     ap.add_argument("--build", metavar="DIR", help="compile plans + cubins into DIR (CPU machine with the compiler)")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--variants", default="", help="with --build: extra AOT bundles with other GEMM tiles, "
-                    "'class:gemm:N:K:warps:stages[:tma][+class:gemm:...];...' (named MODEL@class-gemm-N-K-warps-stages[-tma][+...]; "
+                    "'[label=]class:gemm:N:K:warps:stages[:tma[:tail_m]][+class:gemm:...];...' (named MODEL@label "
+                    "or MODEL@class-gemm-N-K-warps-stages[-tma[-tail_m]][+...]; "
                     "'+' retiles several GEMMs in one bundle)")
     ap.add_argument("--plans", metavar="DIR", default="build/gpu_plans", help="plans built by --build")
     ap.add_argument("--models", default=";".join(MODELS),
@@ -498,8 +504,10 @@ def main(argv=None) -> int:
     global NUMERICS, ACTIVATIONS
     NUMERICS, ACTIVATIONS = args.numerics, args.activations
     if args.build:
-        variants = [[(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]
-                    for v in args.variants.split(";") if v]
+        variants = []
+        for v in filter(None, args.variants.split(";")):
+            label, _, v = v.rpartition("=")
+            variants.append((label, [(c[0], c[1], *map(int, c[2:])) for c in (g.split(":") for g in v.split("+"))]))
         build(args.build, args.arch, variants, models)
         return 0
     tokens = [int(t) for t in args.tokens.split(",")]

@@ -287,6 +287,12 @@ def _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BL
 
 
 @triton.jit
+def _block_span(block, block_start_ptr, expert_offsets_ptr, expert):
+    """(first sorted row, end of the expert's rows) of row block ``block`` of expert ``expert`` (>= 0)."""
+    return tl.load(block_start_ptr + block), tl.load(expert_offsets_ptr + expert + 1)
+
+
+@triton.jit
 def _glu_columns(pid_n, BLOCK_N: tl.constexpr, INTERLEAVED: tl.constexpr, INTERMEDIATE: tl.constexpr):
     """(activation column, w13 weight row, mask) of each of a GLU tile's BLOCK_N columns: (gate, up) pairs of
     BLOCK_N / 2 activation columns, the rows interleaved or [gate | up]."""
@@ -308,7 +314,8 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, GROUP_M: tl.constexpr = 0,
                     W_HOPPER: tl.constexpr = False, WIDE_SCALES: tl.constexpr = False, W_TILES: tl.constexpr = False,
-                    SCALE_ROWS: tl.constexpr = False, row_weights_ptr=None, ACTIVATION: tl.constexpr = 0):
+                    SCALE_ROWS: tl.constexpr = False, row_weights_ptr=None, ACTIVATION: tl.constexpr = 0,
+                    TAIL_M: tl.constexpr = 0):
     """act[sorted row, :] = GLU(x[token] @ w13[e]^T + b13[e]), written in expert-sorted row order.
 
     Tile column c holds w13 row ``glu_row(pid_n*BLOCK_N/2 + c//2, c%2)``: gate for even c, up for
@@ -320,12 +327,42 @@ def glu_gemm_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr,
     tiled order (``mxmoe.core.layouts.TRITON_HOPPER_TILED``). K_CONTIGUOUS: always True (module docstring).
     SCALE_ROWS (router weight on input): each gathered row times its pair's routing weight ``row_weights_ptr``
     [T*k] fp32, rounded to x's dtype, before the GEMM (the reference's ``weight_rows``).
+    TAIL_M (Hopper path): a row block holding at most TAIL_M rows (an expert's last, partly filled block) runs
+    TAIL_M-row MMAs instead of BLOCK_M ones (:func:`_glu_tile` twice: both widths are compiled in).
     """
     tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
+    tl.static_assert(TAIL_M == 0 or (W_HOPPER and TAIL_M < BLOCK_M), "tail tiles: Hopper path, narrower than BLOCK_M")
     block, pid_n = _tile_coords(GROUP_M)
-    expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         return
+    start, end = _block_span(block, block_start_ptr, expert_offsets_ptr, expert)
+    if TAIL_M > 0:
+        if end - start <= TAIL_M:
+            _glu_tile(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, row_weights_ptr, expert, start, end,
+                      pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, INTERLEAVED, SWIGLU_OAI, ALPHA, LIMIT, TAIL_M,
+                      BLOCK_N, BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SCALE_ROWS, ACTIVATION)
+        else:
+            _glu_tile(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, row_weights_ptr, expert, start, end,
+                      pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, INTERLEAVED, SWIGLU_OAI, ALPHA, LIMIT, BLOCK_M,
+                      BLOCK_N, BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SCALE_ROWS, ACTIVATION)
+    else:
+        _glu_tile(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, row_weights_ptr, expert, start, end,
+                  pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, INTERLEAVED, SWIGLU_OAI, ALPHA, LIMIT, BLOCK_M,
+                  BLOCK_N, BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SCALE_ROWS, ACTIVATION)
+
+
+@triton.jit
+def _glu_tile(x_ptr, w_ptr, s_ptr, bias_ptr, act_ptr, sorted_pairs_ptr, row_weights_ptr, expert, start, end, pid_n,
+              HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+              INTERLEAVED: tl.constexpr, SWIGLU_OAI: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr,
+              NUM_EXPERTS: tl.constexpr, W_HOPPER: tl.constexpr, WIDE_SCALES: tl.constexpr, W_TILES: tl.constexpr,
+              SCALE_ROWS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """:func:`glu_gemm_kernel`'s work for sorted rows ``start + [0, BLOCK_M)`` (those before ``end``) of ``expert``
+    against column tile ``pid_n``."""
+    rows = start + tl.arange(0, BLOCK_M)
+    row_mask = rows < end
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
     tokens = pairs // TOP_K
     row_scale = None
@@ -487,7 +524,7 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
                         SLOT_ROWS: tl.constexpr = False, ROUND_ROWS: tl.constexpr = False,
                         UNIT_WEIGHTS: tl.constexpr = False, SHARED: tl.constexpr = False,
                         SHARED_GATE: tl.constexpr = False, rows_ptr=None, ids_ptr=None, shared_rows_ptr=None,
-                        shared_w_ptr=None):
+                        shared_w_ptr=None, TAIL_M: tl.constexpr = 0):
     """out[token] += weight[pair] * (act[sorted row] @ w2[e]^T + b2[e]), fp32 atomics into [T, H].
 
     Rows of ``act`` are read contiguously (they are already expert-sorted); only the combine
@@ -501,17 +538,51 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
     split 0) to ``rows_ptr`` [SPLIT_K, T*k, H] at their pair's row, and FUSED_CAST's last program adds them up in
     slot order (:func:`_reduce_slots`; ``ids_ptr``: the expert ids, negative ones skipped; SHARED: the shared
     expert's rows last). UNIT_WEIGHTS: every routing weight is 1 (the router weight was applied to the input).
+    TAIL_M: as in glu_gemm_kernel (:func:`_combine_tile`).
     """
     tl.static_assert(SPLIT_K == 1 or W_HOPPER, "split-K is built for the Hopper path only")
     tl.static_assert(K_CONTIGUOUS, "the values are K-contiguous rows (the N-contiguous path is gone)")
+    tl.static_assert(TAIL_M == 0 or (W_HOPPER and TAIL_M < BLOCK_M), "tail tiles: Hopper path, narrower than BLOCK_M")
     block, pid_n = _tile_coords(GROUP_M)
-    expert, rows, row_mask = _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M)
+    expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         if FUSED_CAST:  # an empty row block still counts towards its column tile
             _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
                           routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE,
                           shared_rows_ptr, shared_w_ptr)
         return
+    start, end = _block_span(block, block_start_ptr, expert_offsets_ptr, expert)
+    if TAIL_M > 0:
+        if end - start <= TAIL_M:
+            _combine_tile(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr, sorted_pairs_ptr, rows_ptr,
+                          num_tokens, expert, start, end, pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, TAIL_M,
+                          BLOCK_N, BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SPLIT_K, SLOT_ROWS,
+                          UNIT_WEIGHTS)
+        else:
+            _combine_tile(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr, sorted_pairs_ptr, rows_ptr,
+                          num_tokens, expert, start, end, pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, BLOCK_M,
+                          BLOCK_N, BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SPLIT_K, SLOT_ROWS,
+                          UNIT_WEIGHTS)
+    else:
+        _combine_tile(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr, sorted_pairs_ptr, rows_ptr,
+                      num_tokens, expert, start, end, pid_n, HIDDEN, INTERMEDIATE, TOP_K, HAS_BIAS, BLOCK_M, BLOCK_N,
+                      BLOCK_K, W_TMA, NUM_EXPERTS, W_HOPPER, WIDE_SCALES, W_TILES, SPLIT_K, SLOT_ROWS, UNIT_WEIGHTS)
+    if FUSED_CAST:
+        _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
+                      routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE,
+                      shared_rows_ptr, shared_w_ptr)
+
+
+@triton.jit
+def _combine_tile(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr, sorted_pairs_ptr, rows_ptr, num_tokens,
+                  expert, start, end, pid_n, HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, TOP_K: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  W_TMA: tl.constexpr, NUM_EXPERTS: tl.constexpr, W_HOPPER: tl.constexpr, WIDE_SCALES: tl.constexpr,
+                  W_TILES: tl.constexpr, SPLIT_K: tl.constexpr, SLOT_ROWS: tl.constexpr, UNIT_WEIGHTS: tl.constexpr):
+    """:func:`combine_gemm_kernel`'s work for sorted rows ``start + [0, BLOCK_M)`` (those before ``end``) of
+    ``expert`` against column tile ``pid_n`` (and K range ``program_id(2)``)."""
+    rows = start + tl.arange(0, BLOCK_M)
+    row_mask = rows < end
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < HIDDEN
 
@@ -556,10 +627,6 @@ def combine_gemm_kernel(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, ou
         tokens = pairs // TOP_K
         tl.atomic_add(out_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc,
                       mask=row_mask[:, None] & col_mask[None, :], sem="relaxed")
-    if FUSED_CAST:
-        _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN, BLOCK_N, SLOT_ROWS, rows_ptr,
-                      routing_weights_ptr, ids_ptr, TOP_K, SPLIT_K, ROUND_ROWS, UNIT_WEIGHTS, SHARED, SHARED_GATE,
-                      shared_rows_ptr, shared_w_ptr)
 
 
 @triton.jit

@@ -28,8 +28,10 @@ from .tile_config import (GEMV_MAX_TOKENS, NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT
 #: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
 #: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
 KERNEL_LAYOUTS: tuple[Layout, ...] = (ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED)
-#: (token, slot) pairs per program of the parallel grouping kernels
+#: (token, slot) pairs per program of the parallel grouping kernels, at most (:func:`group_chunk`)
 GROUP_CHUNK = 1024
+#: programs the parallel grouping kernels aim at for a class's largest token count (:func:`group_chunk`)
+GROUP_PROGRAMS = 64
 #: tokens per router program in the few-token classes (also one routing counter per such block)
 FEW_TOKEN_ROUTER_BLOCK = 16
 #: H per router program in the few-token classes, loaded in one step. H100, gpt-oss, 2026-11-24 (the router
@@ -40,6 +42,9 @@ FEW_TOKEN_ROUTER_H = 128
 #: ``router_route``: at 512 tokens of gpt-oss-20b, ``router_route`` has 8 programs and took 32.7 of the layer's
 #: 393 us on the H100 (CUPTI timeline, 2026-11-25); the split router has a program per 16 tokens and 128 of H.
 SPLIT_ROUTER_MAX_TOKENS = 1024
+#: Tokens per ``route_partials`` program behind the split router (at most; the kernel's default is up to 4096
+#: logits a program): more programs to load the split sums and pick the top k of a few hundred tokens.
+SPLIT_ROUTE_BLOCK_T = 16  # H200 2026-11-28, 512 tokens: gpt-oss-120b 19.2 -> 7.8 us (CUPTI), 20b 6.8 -> 3.1
 #: Tokens x columns per program of the deterministic combine (``combine_slots``)
 SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
 #: (token, slot) pairs per program of ``map_ids`` (the modular entry's ids, many tokens)
@@ -434,11 +439,12 @@ def _shape_class(spec: LayerSpec, layout: Layout, name: str, max_tokens: int | N
     tile_info = dict(routed_tiles)
     if shared:
         tile_info.update(shared_w13=dataclasses.asdict(s13), shared_w2=dataclasses.asdict(s2))
+    chunk = group_chunk(E, None if max_tokens is None else max_tokens * k)
     # NB: an upper bound on sum_e cdiv(count_e, BLOCK_M): each non-empty expert adds at most one partial block,
     # and at most min(E, T*k) experts are non-empty
     return ShapeClass(name, max_tokens, {
         "NB": f"{pairs} // {c13.BLOCK_M} + min({E}, {pairs})" if spec.routed else "0",
-        "NBS": f"cdiv(T, {s13.BLOCK_M})" if shared else "0", "RS": splits, "NC": f"cdiv({pairs}, {GROUP_CHUNK})",
+        "NBS": f"cdiv(T, {s13.BLOCK_M})" if shared else "0", "RS": splits, "NC": f"cdiv({pairs}, {chunk})",
         "ACC": acc_rows, "SR": pairs if slot_rows and split == 1 and spec.routed else "0",
         "SP": f"{split} * {pairs}" if slot_rows and split > 1 else "0",
         "SHR": "T" if slot_rows and shared else "0"}, tile_info, tuple(launches))
@@ -456,7 +462,7 @@ def _routing_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int
         splits = 0
     else:
         routing, splits = _router_launches(spec, cls, max_tokens, bm, kernels)
-    grouping = [] if few else _grouping_launches(spec, cls, bm, kernels)
+    grouping = [] if few else _grouping_launches(spec, cls, max_tokens, bm, kernels)
     return routing + grouping, splits
 
 
@@ -599,6 +605,7 @@ def _split_router(spec: LayerSpec, cls: str, kernels: _Kernels) -> tuple[list[La
         gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec), router_consts, warps, 2)
         launches.append(Launch(gemm, (f"cdiv(T, {block_t})", "RS")))
     route_consts = {**_route_constexprs(spec, splits), **_routing_extras(spec)}
+    route_consts["BLOCK_T"] = min(route_consts["BLOCK_T"], SPLIT_ROUTE_BLOCK_T)
     if spec.expert_map is not None or logits_in:
         route_consts.update(HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
     route = kernels.add(f"route_partials.{cls}", "route_partials", [
@@ -724,25 +731,53 @@ def _routing_extras(spec: LayerSpec) -> dict[str, Any]:
     return extras
 
 
-def _grouping_launches(spec: LayerSpec, cls: str, bm: int, kernels: _Kernels) -> list[Launch]:
+def _group_sub(num_experts: int) -> int:
+    """Pairs per step of the parallel grouping kernels: their [SUB, E] one-hot tiles stay at 8192 elements."""
+    return max(16, min(256, 8192 // _pow2(num_experts)))
+
+
+def group_chunk(num_experts: int, max_pairs: int | None) -> int:
+    """Pairs per program of the parallel grouping kernels for a class of at most ``max_pairs`` (token, slot) pairs
+    (None: unbounded): one step of :func:`_group_sub` pairs, doubled while the class's largest batch would run more
+    than GROUP_PROGRAMS programs, up to GROUP_CHUNK. A program's steps run one after another (a running count per
+    expert), so a few long programs were what the grouping cost at a few thousand pairs: H200, 2026-11-28,
+    CUPTI, 512 tokens, chunks of 1024 pairs (2 programs): gpt-oss-120b histogram 18.0 us and scatter 29.4 us,
+    gpt-oss-20b 3.0 and 8.8 (docs/nvidia.md)."""
+    sub = _group_sub(num_experts)
+    chunk = sub
+    while chunk < GROUP_CHUNK and (max_pairs is None or max_pairs > chunk * GROUP_PROGRAMS):
+        chunk *= 2
+    return chunk
+
+
+def _grouping_launches(spec: LayerSpec, cls: str, max_tokens: int | None, bm: int,
+                       kernels: _Kernels) -> list[Launch]:
     """Many pairs: per-chunk histograms, one scan, a parallel scatter; the same stable order and block map as
     the one-program sort (at 16384 tokens of gpt-oss-20b 965 us -> ~20 us each on the H100). Pairs whose id is
-    -1 (not this layer's expert) are in no group."""
+    -1 (not this layer's expert) are in no group. Chunks of :func:`group_chunk` pairs."""
     E, pairs = spec.num_experts, f"T * {spec.top_k}"
     experts_pow2 = _pow2(E)
-    sub = max(16, min(256, 8192 // experts_pow2))
-    hist = kernels.add("chunk_histogram", "chunk_histogram", [
+    sub = _group_sub(E)
+    chunk = group_chunk(E, None if max_tokens is None else max_tokens * spec.top_k)
+    hist = kernels.add(f"chunk_histogram.{cls}", "chunk_histogram", [
         Arg.buffer("ids_ptr", "expert_ids"), Arg.buffer("chunk_counts_ptr", "chunk_counts"),
-        Arg.scalar("num_pairs", pairs)], dict(EXPERTS_POW2=experts_pow2, CHUNK=GROUP_CHUNK, SUB=sub), 4, 1)
+        Arg.scalar("num_pairs", pairs)], dict(EXPERTS_POW2=experts_pow2, CHUNK=chunk, SUB=sub), 4, 1)
     scan = kernels.add(f"chunk_scan.{cls}", "chunk_scan", [
         Arg.buffer("chunk_counts_ptr", "chunk_counts"), Arg.buffer("chunk_offsets_ptr", "chunk_offsets"),
         *_GROUPS[1:], Arg.scalar("num_chunks", "NC"), Arg.scalar("num_blocks", "NB")],
         dict(NUM_EXPERTS=E, EXPERTS_POW2=experts_pow2, BLOCK_M=bm, SUB=sub), 8, 1)
-    scatter = kernels.add("chunk_scatter", "chunk_scatter", [
+    scatter = kernels.add(f"chunk_scatter.{cls}", "chunk_scatter", [
         Arg.buffer("ids_ptr", "expert_ids"), Arg.buffer("chunk_offsets_ptr", "chunk_offsets"),
         Arg.buffer("sorted_pairs_ptr", "sorted_pairs"), Arg.scalar("num_pairs", pairs)],
-        dict(EXPERTS_POW2=experts_pow2, CHUNK=GROUP_CHUNK, SUB=sub), 4, 1)
+        dict(EXPERTS_POW2=experts_pow2, CHUNK=chunk, SUB=sub), 4, 1)
     return [Launch(hist, ("NC",)), Launch(scan, (1,)), Launch(scatter, ("NC",))]
+
+
+def _tail_tiles(consts: dict, cfg: TileConfig, layout: Layout) -> None:
+    """Name TAIL_M among a grouped GEMM's constexprs where its tile asks for it (the Hopper words path only; plans
+    without it keep the constexprs they always had)."""
+    if cfg.TAIL_M and layout.hopper_words:
+        consts["TAIL_M"] = cfg.TAIL_M
 
 
 def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernels: _Kernels, *, groups=_GROUPS,
@@ -757,6 +792,7 @@ def _glu_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, kernel
                   BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
                   W_TMA=use_tma(cfg, spec.interleaved, layout.tiles), NUM_EXPERTS=spec.num_experts,
                   GROUP_M=cfg.GROUP_M, W_HOPPER=layout.hopper_words, WIDE_SCALES=True, W_TILES=layout.tiles)
+    _tail_tiles(consts, cfg, layout)
     args = [Arg.input("x_ptr"), Arg.param("w_ptr", spec.w13.name), Arg.param("s_ptr", spec.w13_scale.name),
             _weight("bias_ptr", spec.w13_bias), Arg.buffer("act_ptr", act), *groups]
     if spec.weight_on_input:
@@ -788,6 +824,7 @@ def _combine_gemm(spec: LayerSpec, layout: Layout, cls: str, cfg: TileConfig, fu
                   W_HOPPER=layout.hopper_words, WIDE_SCALES=True, FUSED_CAST=fuse_cast, W_TILES=layout.tiles,
                   SPLIT_K=split, SLOT_ROWS=slot_rows or rows_to is not None,
                   ROUND_ROWS=slot_rows and split > 1 and spec.dtype == "bfloat16", UNIT_WEIGHTS=unit)
+    _tail_tiles(consts, cfg, layout)
     shared_rows = slot_rows and bool(spec.shared_intermediate) and fuse_cast
     if shared_rows:
         consts.update(SHARED=True, SHARED_GATE=_gated_in_combine(spec))

@@ -36,6 +36,9 @@ class TileConfig:
     #: sm_90 w4a8: K steps of fp8 MMAs chained into a fresh partial sum before it is added to the fp32 accumulator
     #: (0 = one chain over all of K; see ``_w4a8_kernels._w4a8_mma_hopper``)
     PROMOTE: int = 0
+    #: Hopper path: a row block with at most this many rows (an expert's last, partly filled one) runs MMAs this
+    #: narrow instead of BLOCK_M wide (0 = off; see ``_gemm_kernels.glu_gemm_kernel``)
+    TAIL_M: int = 0
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -46,6 +49,9 @@ class TileConfig:
             raise ValueError(f"TileConfig.GROUP_M must be >= 0, got {self.GROUP_M}")
         if self.SPLIT_K < 1:
             raise ValueError(f"TileConfig.SPLIT_K must be >= 1, got {self.SPLIT_K}")
+        if self.TAIL_M and (self.TAIL_M < 16 or self.TAIL_M & (self.TAIL_M - 1) or self.TAIL_M >= self.BLOCK_M):
+            raise ValueError(f"TileConfig.TAIL_M must be 0 or a power of two >= 16 below BLOCK_M={self.BLOCK_M}, "
+                             f"got {self.TAIL_M}")
         if self.BLOCK_K < 64:
             raise ValueError("TileConfig.BLOCK_K must be >= 64 (two MXFP4 scale groups per packed row)")
 
@@ -156,6 +162,16 @@ HOPPER_TILES = {
 HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 
 
+#: Classes whose Hopper GEMMs run an expert's last row block, when it holds at most this many rows, with MMAs this
+#: narrow (``TileConfig.TAIL_M``). H200, 2026-11-28, Triton 3.9 cubins, whole layer, one round against the same
+#: plans without it: the sparse class (32-row tiles, 4-32 rows per expert) 4-10% faster (gpt-oss-120b at 128 tokens
+#: 721 -> 653 us uniform, 586 -> 545 skewed; at 512 834 -> 795 and 955 -> 901; gpt-oss-20b at 128 skewed 248 -> 238).
+#: Mid (64-row tiles) with 16- or 32-row tails: level at 512 tokens for gpt-oss-20b (386 / 384 / 388 us), 2-5% at
+#: 2048 for 120b; prefill with 32- or 64-row tails up to 24% slower at 2048 tokens for 20b, large with 64 or 128 -4%
+#: to +10%: those classes keep one width (docs/nvidia.md).
+HOPPER_TAIL_M = {"sparse": 16}
+
+
 def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False) -> TileConfig:
     """Tile shape of class ``name`` for grouped GEMM ``gemm`` ("glu": w13, "combine": w2) with output
     width ``N`` and reduction depth ``K``; ``hopper``: for the Hopper decode path (``HOPPER_TILES``),
@@ -168,11 +184,12 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
         raise ValueError(f"gemm must be 'glu' or 'combine', got {gemm!r}")
     # The rows below were picked from AOT-compiled variants timed on an H100 (Triton 3.9 cubins,
     # ``benchmarks/gpu_moe.py --build DIR --variants ...`` then ``--breakdown``); see docs/nvidia.md.
-    tma, group_m, split_k = False, 0, 1
+    tma, group_m, split_k, tail_m = False, 0, 1, 0
     if hopper:
         if name not in HOPPER_TILES:
             raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
         block_m, block_n, block_k, warps, stages, group_m, tma = HOPPER_TILES[name]
+        tail_m = HOPPER_TAIL_M.get(name, 0)
         if gemm == "combine":
             split_k = HOPPER_COMBINE_SPLIT_K.get(name, 1)
     elif name == "gemv":
@@ -213,7 +230,8 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
     # Don't tile far past tiny problems (tests, small models).
     block_n = max(16, min(block_n, _pow2_at_least(N)))
     block_k = max(64, min(block_k, _pow2_at_least(K)))
-    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m, SPLIT_K=split_k)
+    return TileConfig(block_m, block_n, block_k, warps, stages, W_TMA=tma, GROUP_M=group_m, SPLIT_K=split_k,
+                      TAIL_M=tail_m)
 
 
 #: The one K step of every class's GEMMs in batch-invariant plans (``batch_invariant_config``).

@@ -384,8 +384,8 @@ def assert_groups(bufs, ids, ex, num_tokens):
                                         ("random", 90, 8, 3), ("remote", 1300, 8, 3), ("remote", 90, 8, 3)])
 def test_parallel_grouping_matches_reference(case, T, E, k):
     """The chunked histogram / scan / scatter launches of the many-token classes (sparse at 100 tokens, mid at
-    90 (top_k 3) and 300, prefill over three 1024-pair chunks at 1300) on given expert ids; "remote": a third of
-    the ids -1 (another rank's experts under expert parallelism), which no group holds."""
+    90 (top_k 3) and 300 (three 256-pair chunks), prefill over 11-16 chunks at 1300) on given expert ids; "remote": a
+    third of the ids -1 (another rank's experts under expert parallelism), which no group holds."""
     gen = torch.Generator().manual_seed(7)
     if case in ("random", "remote"):
         ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
@@ -400,6 +400,26 @@ def test_parallel_grouping_matches_reference(case, T, E, k):
     bufs = ex.run(tokens(T, 64).to(DEVICE), kernels={"chunk_histogram", "chunk_scan", "chunk_scatter"},
                   buffers={"expert_ids": ids.int()})
     assert_groups(bufs, ids, ex, T)
+
+
+def test_grouping_chunks_follow_the_class():
+    """Pairs per grouping program: one step's worth up to GROUP_PROGRAMS programs at the class's largest batch, then
+    doubling, at most GROUP_CHUNK (the open-ended class); what the plans' NC and kernel constants say."""
+    from mxmoe.kernels.triton.planner import GROUP_CHUNK, GROUP_PROGRAMS, group_chunk
+
+    assert [group_chunk(32, p) for p in (260, 4096, 16380, 16385, 65536, None)] == [256, 256, 256, 512, 1024, 1024]
+    assert [group_chunk(128, p) for p in (4096, 4097, 16384, 65532)] == [64, 128, 256, 1024]
+    for E in (6, 32, 128, 256):
+        for p in (100, 4096, 30000):
+            c = group_chunk(E, p)
+            assert c <= GROUP_CHUNK and (c == GROUP_CHUNK or -(-p // c) <= GROUP_PROGRAMS)
+    plan = plan_layer(layer_spec(128, 4, 2880, 2880), 90)
+    for cls in plan.classes:
+        if cls.name in ("sparse", "mid", "prefill", "large"):
+            chunk = group_chunk(128, None if cls.max_tokens is None else 4 * cls.max_tokens)
+            assert cls.vars["NC"] == f"cdiv(T * 4, {chunk})"
+            hist = next(lc.kernel for lc in cls.launches if plan.kernels[lc.kernel].kernel == "chunk_histogram")
+            assert plan.kernels[hist].constexprs["CHUNK"] == chunk
 
 
 @pytest.mark.parametrize("T,E,k,case", [(1, 8, 2, "random"), (4, 128, 4, "random"), (16, 8, 4, "random"),
@@ -731,6 +751,11 @@ def test_class_tiles(target):
     assert tiles(1, E=8, k=2, H=96, I=32)[0].BLOCK_N == (32 if target == SM100 else 64)
     assert tiles(2000, E=8, k=2, H=96, I=32)[0].BLOCK_N == 64  # clamped to the (tiny) N = 2I
     assert tiles(1)[1].SPLIT_K == (2 if target == SM90 else 1) and tiles(5)[1].SPLIT_K == 1
+    # sm_90: the sparse class runs an expert's last block of at most 16 rows with 16-row MMAs, no other class
+    assert [tiles(T)[g].TAIL_M for T in (64, 65, 256, 257, 2048, 4096) for g in (0, 1)] == (
+        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0] if target == SM90 else [0] * 12)
+    with pytest.raises(ValueError, match="TAIL_M"):
+        TileConfig(32, 64, 128, 4, 3, TAIL_M=32)
     with pytest.raises(ValueError, match="gemm"):
         class_config("prefill", 2880, 2880, target[0], "w2")
     with pytest.raises(ValueError):
@@ -852,6 +877,28 @@ def test_forward_with_unused_experts(T, target, near_tie_tokens):
     check_forward(executor(spec, weights, target[0]), spec, weights, tokens(T, 64, seed=4), near_tie_tokens)
 
 
+@pytest.mark.parametrize("name,tail", [("t70_sm90_sparse", 16), ("t200_sm90_mid_concat", 16),
+                                       ("t200_sm90_mid_concat", 32), ("t1100_sm90_prefill_nobias", 64),
+                                       ("t1100_sm90_large_concat", 128)])
+def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
+    """TAIL_M: both grouped GEMMs of the class run a row block holding at most ``tail`` rows with ``tail``-row MMAs.
+    The router bias spreads the experts' row counts so that blocks of both kinds occur (checked)."""
+    spec, weights, x, arch = forward_case(name)
+    weights["router_bias"] += torch.linspace(-3, 3, spec.num_experts).to(weights["router_bias"].dtype)
+    ex = executor(spec, weights, arch)
+    T = x.shape[0]
+    cls = ex.kernel_plan.shape_class(T)
+    gemms = {lc.kernel for lc in cls.launches if ex.kernel_plan.kernels[lc.kernel].kernel in ("glu_gemm", "combine_gemm")}
+    assert len(gemms) == 2
+    block_m = {ex.kernel_plan.kernels[g].constexprs["BLOCK_M"] for g in gemms}.pop()
+    _, ids = reference_route(router_logits(x, weights), spec.top_k, spec.routing, spec.renormalize)
+    counts = torch.bincount(ids.flatten().long(), minlength=spec.num_experts)
+    last_rows = [int(c) % block_m or block_m for c in counts if c > 0]  # rows of each expert's last block
+    assert min(last_rows) <= tail < max(last_rows), (block_m, sorted(last_rows))
+    plan = ex.kernel_plan.replace_constexprs({g: {"TAIL_M": tail} for g in gemms})
+    check_forward(TritonExecutor(plan, ex.params, device=DEVICE, mode=MODE), spec, weights, x, near_tie_tokens)
+
+
 # ---------------------------------------------------------------- GPU only
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -860,7 +907,7 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("T", [1, 64, 1024, 4096])
+@pytest.mark.parametrize("T", [1, 64, 200, 1024, 4096])
 def test_gpu_medium_shape(T, target, near_tie_tokens):
     arch_layout = TARGETS[target]
     for opts in (dict(), dict(activation="silu", interleaved=False)):
