@@ -371,6 +371,23 @@ def test_batch_invariant_rows_equal_the_tokens_alone():
             assert torch.equal(small[name].cpu(), big[name][first:first + T].cpu()), (T, name)
 
 
+def test_batch_invariant_rows_through_tail_tiles():
+    """batch_invariant=True with the sparse class's tail tiles: 16 experts, top 2, a batch of 200 tokens (sparse: 32-row
+    blocks, those of at most 16 rows on 16-row MMAs) gives each token the bits it gets alone and in a batch of 1030."""
+    spec = layer_spec(16, 2, 64, 64)
+    weights = random_weights(spec, seed=13)
+    ex = options_executor(spec, weights, batch_invariant=True)
+    sparse = ex.kernel_plan.shape_class(200)
+    assert sparse.name == "sparse" and sparse.tiles["w13"]["TAIL_M"] == 16
+    x = tokens(1030, 64, seed=13).to(DEVICE)
+    big, mid = ex.run(x), ex.run(x[400:600])
+    counts = torch.bincount(mid["expert_ids"].cpu().flatten().long(), minlength=16)
+    assert ((counts % 32 > 0) & (counts % 32 <= 16)).any() and (counts % 32 > 16).any()  # both kinds of last block
+    assert torch.equal(mid["output"].cpu(), big["output"][400:600].cpu())
+    for t in (400, 555):
+        assert torch.equal(ex.run(x[t:t + 1])["output"].cpu(), big["output"][t:t + 1].cpu())
+
+
 def assert_groups(bufs, ids, ex, num_tokens):
     block_m = ex.kernel_plan.shape_class(num_tokens).tiles["w13"]["BLOCK_M"]
     ref = reference_groups(ids, ex.kernel_plan.layer.num_experts, block_m, bufs["block_expert"].numel())
