@@ -27,8 +27,8 @@
  * together (batch invariant).
  *
  * The two-plane form (activations="mxint16", mx_row with planes 2): each activation row as two int8 rows, hi and
- * lo of a 15-bit element, with their own scales and corrections; the same passes compute both planes of a row,
- * and their results are added before the store (item_rows16).
+ * lo of a 15-bit element, with their own scales and corrections; the same passes compute both planes of a row
+ * and join each block's two sums exactly in int32 (hi << 8 + lo) before its one convert and FMA (R16_ROWS).
  *
  * Flavors: AVX-512 with VNNI (zmm, vpdpbusd: 16 rows per register) and AVX2 (the same bytes, two ymm
  * halves of 8 rows, vpmaddubsw + vpmaddwd: the u8 x s8 products of a lane pair are <= 6096, four of them
@@ -151,12 +151,15 @@ MX_QUANTIZE_ENTRY(mxmoe_mxint16_quantize_rows, 2)
 
 /* R activation rows (int8 at x, stride xrow; xs words at xsv, stride xsrow) against one group of 16 weight
  * rows (wg: nb x 256 bytes, sg: nb x 16 scale bytes): res[r] lane i = row i's dot product with row r.
- * Every loaded and decoded block meets the R rows in registers, R16_IL rows at a time. */
-#define R16_ROWS(R, FAST)                                                                               \
-  static void r16_rows_##R##_##FAST(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,   \
+ * Every loaded and decoded block meets the R rows in registers, R16_IL rows at a time.  P = 2 (the two-plane
+ * form): rows 2q and 2q + 1 are the hi and lo planes of one activation row, whose block sums are joined exactly
+ * in int32 (hi << 8 + lo: |sum| <= 2^23, exact in f32 too) and take one convert and one FMA by the lo plane's
+ * scale (the hi plane's is 2^8 times it): res[q] is that row's result. */
+#define R16_ROWS(R, FAST, P)                                                                               \
+  static void r16_rows_##R##_##FAST##_##P(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,   \
                                     size_t xrow, const float *xsv, size_t xsrow, __m512 *res) {          \
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(E2M1_X2_U8)), low4 = _mm512_set1_epi8(0x0F); \
-    for (int r = 0; r < R; ++r) res[r] = _mm512_setzero_ps();                                          \
+    for (int r = 0; r < R / P; ++r) res[r] = _mm512_setzero_ps();                                      \
     for (size_t b = 0; b < nb; ++b) {                                                                  \
       const __m512i sb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sg + 16 * b)));        \
       const __m512 ws = _mm512_castsi512_ps(_mm512_mask_mov_epi32(                                     \
@@ -181,43 +184,60 @@ MX_QUANTIZE_ENTRY(mxmoe_mxint16_quantize_rows, 2)
           _Pragma("GCC unroll 16") for (int r = r0; r < r1; ++r)                                       \
             t[r - r0] = _mm512_dpbusd_epi32(t[r - r0], d[v % 4 * 2 + v / 4],                           \
                                             _mm512_set1_epi32(((const i32u_t *)(x + r * xrow + 32 * b))[v])); \
-        _Pragma("GCC unroll 16") for (int r = r0; r < r1; ++r)                                         \
-          res[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[r - r0]), R16_SCALE_##FAST(ws, xsv + r * xsrow + b), \
-                                   res[r]);                                                            \
+        _Pragma("GCC unroll 16") for (int r = r0 + P - 1; r < r1; r += P) {                            \
+          const __m512i sum = P == 2 ? _mm512_add_epi32(_mm512_slli_epi32(t[r - 1 - r0], 8), t[r - r0]) : t[r - r0]; \
+          res[r / P] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), R16_SCALE_##FAST(ws, xsv + r * xsrow + b), \
+                                       res[r / P]);                                                    \
+        }                                                                                              \
       }                                                                                                \
     }                                                                                                  \
   }
-#define R16_ROWS_BOTH(R) R16_ROWS(R, 0) R16_ROWS(R, 1)
-R16_ROWS_BOTH(1) R16_ROWS_BOTH(2) R16_ROWS_BOTH(3) R16_ROWS_BOTH(4) R16_ROWS_BOTH(5) R16_ROWS_BOTH(6)
-R16_ROWS_BOTH(7) R16_ROWS_BOTH(8) R16_ROWS_BOTH(9) R16_ROWS_BOTH(10) R16_ROWS_BOTH(11) R16_ROWS_BOTH(12)
-R16_ROWS_BOTH(13) R16_ROWS_BOTH(14) R16_ROWS_BOTH(15) R16_ROWS_BOTH(16)
+#define R16_ROWS_BOTH(R, P) R16_ROWS(R, 0, P) R16_ROWS(R, 1, P)
+R16_ROWS_BOTH(1, 1) R16_ROWS_BOTH(2, 1) R16_ROWS_BOTH(3, 1) R16_ROWS_BOTH(4, 1) R16_ROWS_BOTH(5, 1)
+R16_ROWS_BOTH(6, 1) R16_ROWS_BOTH(7, 1) R16_ROWS_BOTH(8, 1) R16_ROWS_BOTH(9, 1) R16_ROWS_BOTH(10, 1)
+R16_ROWS_BOTH(11, 1) R16_ROWS_BOTH(12, 1) R16_ROWS_BOTH(13, 1) R16_ROWS_BOTH(14, 1) R16_ROWS_BOTH(15, 1)
+R16_ROWS_BOTH(16, 1)
+R16_ROWS_BOTH(2, 2) R16_ROWS_BOTH(4, 2) R16_ROWS_BOTH(6, 2) R16_ROWS_BOTH(8, 2) R16_ROWS_BOTH(10, 2)
+R16_ROWS_BOTH(12, 2) R16_ROWS_BOTH(14, 2) R16_ROWS_BOTH(16, 2)
 
 /* A switch per scale form, not a table of pointers nor one switch of both forms: the passes inline, their
  * accumulators a local array the compiler keeps in registers (harness, L2, G op/s at 4 / 8 / 16 rows: 326 /
  * 366 / 369; one switch of both forms 320 / 366 / 364; pointers, accumulators through a pointer 312 / 339 /
  * 329). */
-#define R16_CASE(R, FAST) \
-  case R: r16_rows_##R##_##FAST(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-#define R16_DISPATCH(FAST)                                                                                   \
-  static __attribute__((noinline)) void r16_rows_form##FAST(size_t R, const uint8_t *wg, const uint8_t *sg,  \
-                                                            size_t nb, const int8_t *x, size_t xrow,         \
-                                                            const float *xsv, size_t xsrow, float (*res)[16]) { \
-    __m512 v[R16_MAX_ROWS];                                                                                  \
-    switch (R) {                                                                                             \
-      R16_CASE(1, FAST) R16_CASE(2, FAST) R16_CASE(3, FAST) R16_CASE(4, FAST) R16_CASE(5, FAST)              \
-      R16_CASE(6, FAST) R16_CASE(7, FAST) R16_CASE(8, FAST) R16_CASE(9, FAST) R16_CASE(10, FAST)             \
-      R16_CASE(11, FAST) R16_CASE(12, FAST) R16_CASE(13, FAST) R16_CASE(14, FAST) R16_CASE(15, FAST)         \
-      default: R16_CASE(16, FAST)                                                                            \
-    }                                                                                                        \
-    for (size_t r = 0; r < R; ++r) _mm512_storeu_ps(res[r], v[r]);                                           \
+#define R16_CASE(R, FAST, P) \
+  case R: r16_rows_##R##_##FAST##_##P(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+#define R16_CASES_1(FAST)                                                                                        \
+  R16_CASE(1, FAST, 1) R16_CASE(2, FAST, 1) R16_CASE(3, FAST, 1) R16_CASE(4, FAST, 1) R16_CASE(5, FAST, 1)       \
+  R16_CASE(6, FAST, 1) R16_CASE(7, FAST, 1) R16_CASE(8, FAST, 1) R16_CASE(9, FAST, 1) R16_CASE(10, FAST, 1)      \
+  R16_CASE(11, FAST, 1) R16_CASE(12, FAST, 1) R16_CASE(13, FAST, 1) R16_CASE(14, FAST, 1) R16_CASE(15, FAST, 1)  \
+  default: R16_CASE(16, FAST, 1)
+#define R16_CASES_2(FAST)                                                                                        \
+  R16_CASE(2, FAST, 2) R16_CASE(4, FAST, 2) R16_CASE(6, FAST, 2) R16_CASE(8, FAST, 2) R16_CASE(10, FAST, 2)      \
+  R16_CASE(12, FAST, 2) R16_CASE(14, FAST, 2) default: R16_CASE(16, FAST, 2)
+#define R16_DISPATCH(FAST, P)                                                                                  \
+  static __attribute__((noinline)) void r16_rows_form##FAST##_##P(size_t R, const uint8_t *wg, const uint8_t *sg, \
+                                                                  size_t nb, const int8_t *x, size_t xrow,     \
+                                                                  const float *xsv, size_t xsrow,              \
+                                                                  float (*res)[16]) {                          \
+    __m512 v[R16_MAX_ROWS];                                                                                    \
+    switch (R) { R16_CASES_##P(FAST) }                                                                         \
+    for (size_t r = 0; r < R / P; ++r) _mm512_storeu_ps(res[r], v[r]);                                        \
   }
-R16_DISPATCH(0)
-R16_DISPATCH(1)
+R16_DISPATCH(0, 1)
+R16_DISPATCH(1, 1)
+R16_DISPATCH(0, 2)
+R16_DISPATCH(1, 2)
 
-static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,
-                     size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
-  if (fast) r16_rows_form1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
-  else r16_rows_form0(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+/* R int8 rows (R / planes activation rows) -> res[R / planes]: see R16_ROWS */
+static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb,
+                     const int8_t *x, size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
+  if (planes == 2) {
+    if (fast) r16_rows_form1_2(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+    else r16_rows_form0_2(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  } else {
+    if (fast) r16_rows_form1_1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+    else r16_rows_form0_1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  }
 }
 
 #else
@@ -225,14 +245,15 @@ static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, s
 #define R16_MAX_ROWS 4
 #define R16_FAST_ROWS 4 /* unused: one scale form here */
 
-/* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 */
-#define R16_ROWS(R)                                                                                     \
-  static void r16_rows_##R(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow, \
+/* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 (P = 2: rows 2q,
+ * 2q + 1 are a row's two planes, joined in int32 as in R16_ROWS; res[q] its result) */
+#define R16_ROWS(R, P)                                                                                   \
+  static void r16_rows_##R##_##P(const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x, size_t xrow, \
                            const float *xsv, size_t xsrow, __m256 *res) {                              \
     const __m256i lut = _mm256_setr_epi8(E2M1_X2_U8, E2M1_X2_U8), low4 = _mm256_set1_epi8(0x0F);       \
     const __m256i ones = _mm256_set1_epi16(1);                                                         \
-    __m256 acc[2 * R];                                                                                 \
-    for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_ps();                                      \
+    __m256 acc[2 * R / P];                                                                             \
+    for (int r = 0; r < 2 * R / P; ++r) acc[r] = _mm256_setzero_ps();                                  \
     for (size_t b = 0; b < nb; ++b) {                                                                  \
       for (int h = 0; h < 2; ++h) {                                                                    \
         const __m256i sb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sg + 16 * b + 8 * h))); \
@@ -246,6 +267,7 @@ static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, s
           d[2 * j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, low4));                            \
           d[2 * j + 1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));  \
         }                                                                                              \
+        __m256i hi_plane = _mm256_setzero_si256();                                                     \
         for (int r = 0; r < R; ++r) {                                                                  \
           const i32u_t *xi = (const i32u_t *)(x + r * xrow + 32 * b);                                  \
           const float *xw = xsv + r * xsrow;                                                           \
@@ -256,32 +278,45 @@ static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, s
                                  _mm256_maddubs_epi16(d[4 * q + 1], _mm256_set1_epi32(xi[4 + 2 * q]))), \
                 _mm256_add_epi16(_mm256_maddubs_epi16(d[4 * q + 2], _mm256_set1_epi32(xi[2 * q + 1])), \
                                  _mm256_maddubs_epi16(d[4 * q + 3], _mm256_set1_epi32(xi[5 + 2 * q])))); \
-          const __m256i t = _mm256_add_epi32(                                                          \
+          __m256i t = _mm256_add_epi32(                                                                \
               _mm256_set1_epi32(((const i32u_t *)(xw + nb))[b]),                                       \
               _mm256_add_epi32(_mm256_madd_epi16(s[0], ones), _mm256_madd_epi16(s[1], ones)));         \
-          acc[2 * r + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(ws, _mm256_set1_ps(xw[b])), \
-                                           acc[2 * r + h]);                                            \
+          if (P == 2 && r % 2 == 0) {                                                                  \
+            hi_plane = t; /* joined with the next row, its lo plane */                                 \
+            continue;                                                                                  \
+          }                                                                                            \
+          if (P == 2) t = _mm256_add_epi32(_mm256_slli_epi32(hi_plane, 8), t);                         \
+          acc[2 * (r / P) + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t),                                \
+                                                 _mm256_mul_ps(ws, _mm256_set1_ps(xw[b])), acc[2 * (r / P) + h]); \
         }                                                                                              \
       }                                                                                                \
     }                                                                                                  \
-    for (int r = 0; r < 2 * R; ++r) res[r] = acc[r];                                                   \
+    for (int r = 0; r < 2 * R / P; ++r) res[r] = acc[r];                                               \
   }
-R16_ROWS(1)
-R16_ROWS(2)
-R16_ROWS(3)
-R16_ROWS(4)
+R16_ROWS(1, 1)
+R16_ROWS(2, 1)
+R16_ROWS(3, 1)
+R16_ROWS(4, 1)
+R16_ROWS(2, 2)
+R16_ROWS(4, 2)
 
-static void r16_rows(size_t R, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb, const int8_t *x,
-                     size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
+/* R int8 rows (R / planes activation rows) -> res[R / planes] */
+static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb,
+                     const int8_t *x, size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
   (void)fast; /* one scale form (vmulps) in this flavor: the exponent add was not tried here */
   __m256 v[2 * R16_MAX_ROWS];
-  switch (R) {
-    case 1: r16_rows_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 2: r16_rows_2(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    case 3: r16_rows_3(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
-    default: r16_rows_4(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+  if (planes == 2) {
+    if (R == 2) r16_rows_2_2(wg, sg, nb, x, xrow, xsv, xsrow, v);
+    else r16_rows_4_2(wg, sg, nb, x, xrow, xsv, xsrow, v);
+  } else {
+    switch (R) {
+      case 1: r16_rows_1_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+      case 2: r16_rows_2_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+      case 3: r16_rows_3_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+      default: r16_rows_4_1(wg, sg, nb, x, xrow, xsv, xsrow, v); break;
+    }
   }
-  for (size_t r = 0; r < R; ++r) {
+  for (size_t r = 0; r < R / planes; ++r) {
     _mm256_storeu_ps(res[r], v[2 * r]);
     _mm256_storeu_ps(res[r] + 8, v[2 * r + 1]);
   }
@@ -365,7 +400,7 @@ static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
 }
 
 /* One work item: its rows in passes of at most R16_MAX_ROWS int8 rows (as equal as they can be; a row's
- * `planes` int8 rows in one pass, their results added) per group of 16 outputs, the group's weights (nb x 256
+ * `planes` int8 rows in one pass, joined by r16_rows) per group of 16 outputs, the group's weights (nb x 256
  * bytes) staying in cache from one pass to the next. */
 static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
@@ -388,14 +423,9 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, s
     for (size_t i = 0; i < passes; ++i) {
       const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
       float res[R16_MAX_ROWS][16];
-      r16_rows(planes * (r1 - r0), fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row, xs_row,
-               res);
-      for (size_t r = r0; r < r1; ++r) {
-        float *y = res[planes * (r - r0)];
-        for (size_t pl = 1; pl < planes; ++pl)
-          for (size_t o = 0; o < 16; ++o) y[o] += res[planes * (r - r0) + pl][o];
-        store16(it, o0, bias, r, y);
-      }
+      r16_rows(planes * (r1 - r0), planes, fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row,
+               xs_row, res);
+      for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
     }
   }
 }
