@@ -133,6 +133,9 @@ MX_QUANTIZE_ENTRY(mxmoe_mxint16_quantize_rows, 2)
  * passes of 8 / 16 at 12 / 16 / 24 / 64 rows: L2 349-357 / 369-374, weights from DRAM 304-345 / 345-357
  * (2026-11-27, docs/cpu.md "The int8 form"). */
 #define R16_MAX_ROWS 16
+/* the most int8 rows of a pass in the two-plane form (12 activation rows): its rows joined in pairs need half the
+ * f32 accumulators, so a pass holds more */
+#define R16_MAX_ROWS2 24
 /* the rows whose 8-deep vpdpbusd chains run interleaved (the chain of one row alone waits on vpdpbusd's latency;
  * 8 chains + 8 decoded registers + their f32 accumulators fit the 32 zmm) */
 #define R16_IL 8
@@ -198,7 +201,8 @@ R16_ROWS_BOTH(6, 1) R16_ROWS_BOTH(7, 1) R16_ROWS_BOTH(8, 1) R16_ROWS_BOTH(9, 1) 
 R16_ROWS_BOTH(11, 1) R16_ROWS_BOTH(12, 1) R16_ROWS_BOTH(13, 1) R16_ROWS_BOTH(14, 1) R16_ROWS_BOTH(15, 1)
 R16_ROWS_BOTH(16, 1)
 R16_ROWS_BOTH(2, 2) R16_ROWS_BOTH(4, 2) R16_ROWS_BOTH(6, 2) R16_ROWS_BOTH(8, 2) R16_ROWS_BOTH(10, 2)
-R16_ROWS_BOTH(12, 2) R16_ROWS_BOTH(14, 2) R16_ROWS_BOTH(16, 2)
+R16_ROWS_BOTH(12, 2) R16_ROWS_BOTH(14, 2) R16_ROWS_BOTH(16, 2) R16_ROWS_BOTH(18, 2) R16_ROWS_BOTH(20, 2)
+R16_ROWS_BOTH(22, 2) R16_ROWS_BOTH(24, 2)
 
 /* A switch per scale form, not a table of pointers nor one switch of both forms: the passes inline, their
  * accumulators a local array the compiler keeps in registers (harness, L2, G op/s at 4 / 8 / 16 rows: 326 /
@@ -213,13 +217,14 @@ R16_ROWS_BOTH(12, 2) R16_ROWS_BOTH(14, 2) R16_ROWS_BOTH(16, 2)
   default: R16_CASE(16, FAST, 1)
 #define R16_CASES_2(FAST)                                                                                        \
   R16_CASE(2, FAST, 2) R16_CASE(4, FAST, 2) R16_CASE(6, FAST, 2) R16_CASE(8, FAST, 2) R16_CASE(10, FAST, 2)      \
-  R16_CASE(12, FAST, 2) R16_CASE(14, FAST, 2) default: R16_CASE(16, FAST, 2)
+  R16_CASE(12, FAST, 2) R16_CASE(14, FAST, 2) R16_CASE(16, FAST, 2) R16_CASE(18, FAST, 2) R16_CASE(20, FAST, 2)  \
+  R16_CASE(22, FAST, 2) default: R16_CASE(24, FAST, 2)
 #define R16_DISPATCH(FAST, P)                                                                                  \
   static __attribute__((noinline)) void r16_rows_form##FAST##_##P(size_t R, const uint8_t *wg, const uint8_t *sg, \
                                                                   size_t nb, const int8_t *x, size_t xrow,     \
                                                                   const float *xsv, size_t xsrow,              \
                                                                   float (*res)[16]) {                          \
-    __m512 v[R16_MAX_ROWS];                                                                                    \
+    __m512 v[R16_MAX_ROWS2 / 2 > R16_MAX_ROWS ? R16_MAX_ROWS2 / 2 : R16_MAX_ROWS];                             \
     switch (R) { R16_CASES_##P(FAST) }                                                                         \
     for (size_t r = 0; r < R / P; ++r) _mm512_storeu_ps(res[r], v[r]);                                        \
   }
@@ -243,6 +248,7 @@ static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const
 #else
 #define MXMOE_VNNI 0
 #define R16_MAX_ROWS 4
+#define R16_MAX_ROWS2 4
 #define R16_FAST_ROWS 4 /* unused: one scale form here */
 
 /* the AVX2 form of R16_ROWS: each 64-byte chunk is two ymm of 8 rows; res[r] lanes 0..7 / 8..15 (P = 2: rows 2q,
@@ -404,7 +410,8 @@ static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
  * bytes) staying in cache from one pass to the next. */
 static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
-  const size_t per_pass = R16_MAX_ROWS / planes, passes = (rows + per_pass - 1) / per_pass;
+  const size_t per_pass = (planes == 2 ? R16_MAX_ROWS2 : R16_MAX_ROWS) / planes;
+  const size_t passes = (rows + per_pass - 1) / per_pass;
   /* the scale form: the exponent add only where it pays (the GEMM passes of the AVX-512 flavor: at 1-3 rows
    * the decode, not the FMA pipes, bounds the pass, and the scans cost the matvec 5-10% in the harness) */
   const int try_fast = MXMOE_VNNI && planes * rows >= R16_FAST_ROWS;
@@ -422,7 +429,7 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, s
     for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
     for (size_t i = 0; i < passes; ++i) {
       const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
-      float res[R16_MAX_ROWS][16];
+      float res[R16_MAX_ROWS > R16_MAX_ROWS2 / 2 ? R16_MAX_ROWS : R16_MAX_ROWS2 / 2][16];
       r16_rows(planes * (r1 - r0), planes, fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row,
                xs_row, res);
       for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);

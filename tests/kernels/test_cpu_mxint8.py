@@ -193,10 +193,10 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0, 
 
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("N,K,rows", [(16, 32, (1,)), (48, 96, (2, 0, 3)), (96, 160, (9, 1, 17)),
-                                      (32, 2880, (64, 5)), (48, 288, (15, 16, 17, 33))])
+                                      (32, 2880, (64, 5)), (48, 288, (15, 16, 17, 33, 12, 24))])
 def test_matmul_matches_float64(lib, N, K, rows, form):
     """Matvec (1-3 rows) and GEMM (more: passes of up to 16 / 4 int8 rows: 15, 16, 17 = 9 + 8, 33 = 11 x 3; mxint16
-    rows are two each, in one pass, their results added) forms, an expert with no rows, a partial output tile
+    rows are two each, in one pass, joined per block: passes of up to 12 / 2 rows, 12 and 24 = 12 x 2) forms, an expert with no rows, a partial output tile
     (N = 48, tiles of 32), K of 1, 3, 5, 9 and 90 blocks, the scale byte 0 (2^-127: its group takes the multiplied
     scales, the others the exponent add)."""
     rng = np.random.default_rng(N + K)
