@@ -214,7 +214,7 @@ def test_compile_checkpoint_layer_with_external_weights(capsys, ckpt, work):
     p = work / "ext.mxmoe"
     rc, out, err = cli(capsys, "compile", d, "--layer", 2, "--weights", "external", "--target", "cpu", "-o", p)
     assert rc == 0, err
-    assert "external" in out and p.stat().st_size < 200_000
+    assert "external" in out and p.stat().st_size < 300_000  # the module alone: ~240 KB
     rc, out, _ = cli(capsys, "run", p, "--check")
     assert rc == 0 and "PASS" in out
     rc, out, _ = cli(capsys, "run", p, "--weights", d, "--layer", 0, "--check")

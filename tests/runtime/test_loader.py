@@ -258,7 +258,7 @@ def test_external_weights_one_module_several_checkpoints(compiled, checkpoints, 
     man = compiled.save(p, weights="external",
                         external_sources={"layer.1": {"kind": "hf-gpt-oss", "path": str(ca), "layer": 1}})
     assert not [s for s in man["sections"] if s["name"].startswith("weights/")]
-    assert p.stat().st_size < 200_000
+    assert p.stat().st_size < 300_000  # the module alone (its C microkernel passes are most of it): ~240 KB
     x = _x(13, 64, 8)
     assert _err(load(p)(x), _ref(la[1], x)) < TOL                    # the recorded source
     assert _err(load(p, weights=cb, layer=0)(x), _ref(lb[0], x)) < TOL  # another checkpoint, same module
