@@ -233,10 +233,13 @@ R16_DISPATCH(0, 1) R16_DISPATCH(1, 1) R16_DISPATCH(0, 2) R16_DISPATCH(1, 2)
 /* R int8 rows (R / planes activation rows) -> res[R / planes]: see R16_ROWS */
 static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const uint8_t *sg, size_t nb,
                      const int8_t *x, size_t xrow, const float *xsv, size_t xsrow, float (*res)[16]) {
-  void (*const form[2][2])(size_t, const uint8_t *, const uint8_t *, size_t, const int8_t *, size_t, const float *,
-                           size_t, float (*)[16]) = {{r16_rows_form0_1, r16_rows_form0_2},
-                                                     {r16_rows_form1_1, r16_rows_form1_2}};
-  form[fast != 0][planes == 2](R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  if (planes == 2) {
+    if (fast) r16_rows_form1_2(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+    else r16_rows_form0_2(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  } else {
+    if (fast) r16_rows_form1_1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+    else r16_rows_form0_1(R, wg, sg, nb, x, xrow, xsv, xsrow, res);
+  }
 }
 
 #else
