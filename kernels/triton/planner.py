@@ -42,9 +42,10 @@ FEW_TOKEN_ROUTER_H = 128
 #: ``router_route``: at 512 tokens of gpt-oss-20b, ``router_route`` has 8 programs and took 32.7 of the layer's
 #: 393 us on the H100 (CUPTI timeline, 2026-11-25); the split router has a program per 16 tokens and 128 of H.
 SPLIT_ROUTER_MAX_TOKENS = 1024
-#: Tokens per ``route_partials`` program behind the split router (at most; the kernel's default is up to 4096
-#: logits a program): more programs to load the split sums and pick the top k of a few hundred tokens.
-SPLIT_ROUTE_BLOCK_T = 16  # H200 2026-11-28, 512 tokens: gpt-oss-120b 19.2 -> 7.8 us (CUPTI), 20b 6.8 -> 3.1
+#: Tokens per ``route_partials`` program, at most (and at most 4096 logits; the few-token launches route blocks of
+#: their own): more programs to load the split sums and pick the top k of a few hundred tokens. H200 2026-11-28, 512
+#: tokens, CUPTI: 16 instead of 32-64 took gpt-oss-120b's launch from 19.2 to 7.8 us, 20b's from 6.8 to 3.1.
+ROUTE_BLOCK_T = 16
 #: Tokens x columns per program of the deterministic combine (``combine_slots``)
 SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
 #: (token, slot) pairs per program of ``map_ids`` (the modular entry's ids, many tokens)
@@ -605,7 +606,6 @@ def _split_router(spec: LayerSpec, cls: str, kernels: _Kernels) -> tuple[list[La
         gemm = kernels.add(f"router_gemm.{cls}", "router_gemm", _router_args(spec), router_consts, warps, 2)
         launches.append(Launch(gemm, (f"cdiv(T, {block_t})", "RS")))
     route_consts = {**_route_constexprs(spec, splits), **_routing_extras(spec)}
-    route_consts["BLOCK_T"] = min(route_consts["BLOCK_T"], SPLIT_ROUTE_BLOCK_T)
     if spec.expert_map is not None or logits_in:
         route_consts.update(HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
     route = kernels.add(f"route_partials.{cls}", "route_partials", [
@@ -707,12 +707,12 @@ def _router_constexprs(spec: LayerSpec, block_t: int, h_per_split: int, block_h:
 
 def _route_constexprs(spec: LayerSpec, splits: int) -> dict[str, Any]:
     """The routing's constants: top-k + softmax of the summed partials, logits rounded to bf16 for bf16 layers
-    (the contract: docs/routing.md), at most 4096 logits per program."""
+    (the contract: docs/routing.md), at most ROUTE_BLOCK_T tokens and 4096 logits per program."""
     experts_pow2 = max(16, _pow2(spec.experts_routed))
     return dict(NUM_EXPERTS=spec.experts_routed, TOP_K=spec.top_k, EXPERTS_POW2=experts_pow2,
                 SLOTS_POW2=_pow2(spec.top_k), SPLITS=splits, HAS_BIAS=spec.router_bias is not None,
                 ROUND_LOGITS_BF16=spec.dtype == "bfloat16" and not spec.router_fp32,
-                BLOCK_T=max(1, min(64, 4096 // experts_pow2)),
+                BLOCK_T=max(1, min(ROUTE_BLOCK_T, 4096 // experts_pow2)),
                 SOFTMAX_OVER_ALL=spec.routing == "softmax_topk" and not spec.renormalize)
 
 
