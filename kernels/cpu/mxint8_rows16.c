@@ -224,7 +224,7 @@ R16_ROWS_BOTH(22, 2) R16_ROWS_BOTH(24, 2)
                                                                   size_t nb, const int8_t *x, size_t xrow,     \
                                                                   const float *xsv, size_t xsrow,              \
                                                                   float (*res)[16]) {                          \
-    __m512 v[R16_MAX_ROWS2 / 2 > R16_MAX_ROWS ? R16_MAX_ROWS2 / 2 : R16_MAX_ROWS];                             \
+    __m512 v[R16_MAX_ROWS];                                                                                    \
     switch (R) { R16_CASES_##P(FAST) }                                                                         \
     for (size_t r = 0; r < R / P; ++r) _mm512_storeu_ps(res[r], v[r]);                                        \
   }
@@ -397,9 +397,11 @@ static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
   }
 }
 
-/* One work item: its rows in passes of at most R16_MAX_ROWS int8 rows (as equal as they can be; a row's
- * `planes` int8 rows in one pass, joined by r16_rows) per group of 16 outputs, the group's weights (nb x 256
- * bytes) staying in cache from one pass to the next. */
+_Static_assert(R16_MAX_ROWS2 / 2 <= R16_MAX_ROWS, "a two-plane pass has at most R16_MAX_ROWS results");
+
+/* One work item: its rows in passes of at most R16_MAX_ROWS int8 rows (R16_MAX_ROWS2 in the two-plane form; as
+ * equal as they can be; a row's `planes` int8 rows in one pass, joined by r16_rows) per group of 16 outputs, the
+ * group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
 static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
   const size_t per_pass = (planes == 2 ? R16_MAX_ROWS2 : R16_MAX_ROWS) / planes;
@@ -421,7 +423,7 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, s
     for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
     for (size_t i = 0; i < passes; ++i) {
       const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
-      float res[R16_MAX_ROWS > R16_MAX_ROWS2 / 2 ? R16_MAX_ROWS : R16_MAX_ROWS2 / 2][16];
+      float res[R16_MAX_ROWS][16];
       r16_rows(planes * (r1 - r0), planes, fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row,
                xs_row, res);
       for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
