@@ -281,9 +281,9 @@ def _tile_coords(GROUP_M: tl.constexpr):
 def _block_rows(block, block_expert_ptr, block_start_ptr, expert_offsets_ptr, BLOCK_M: tl.constexpr):
     """(expert, sorted rows, row mask) of row block ``block``; expert < 0 means nothing to do."""
     expert = tl.load(block_expert_ptr + block)
-    rows = tl.load(block_start_ptr + block) + tl.arange(0, BLOCK_M)
-    row_end = tl.load(expert_offsets_ptr + tl.maximum(expert, 0) + 1)
-    return expert, rows, rows < row_end
+    start, end = _block_span(block, block_start_ptr, expert_offsets_ptr, tl.maximum(expert, 0))
+    rows = start + tl.arange(0, BLOCK_M)
+    return expert, rows, rows < end
 
 
 @triton.jit
