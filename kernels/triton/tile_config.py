@@ -145,13 +145,16 @@ def is_few_tokens(max_tokens: int | None) -> bool:
 #: Since the tiled layout (mxmoe.core.layouts.TRITON_HOPPER_TILED) mid runs 4 warps: with 8 it was 5-6% slower
 #: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24). Mid's K=64 / 4 stages: at 512
 #: tokens 3% (20b) and 1% (120b) faster than K=128 / 3 stages on the w13 GEMM, 8% and 7% on the w2 GEMM (JIT
-#: sweep on the H100 with Triton 3.6, 2026-11-25; benchmarks/gpu_moe.py --sweep).
+#: sweep on the H100 with Triton 3.6, 2026-11-25; benchmarks/gpu_moe.py --sweep). Prefill walks its row blocks in
+#: groups of 4 (GROUP_M, as large): H200, 2026-11-28, two alternations, both routings, gpt-oss-120b (4097-16383 tokens,
+#: whose [T*k, I] activation rows overflow L2) 4-10% faster at 6144 / 8192 / 12288 tokens (e.g. 8192: 4266-4425 against
+#: 4599-4670 us uniform), gpt-oss-20b (1025-4095 tokens) level (2048: 1214-1219 against 1199-1210).
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),
     "decode": (16, 64, 256, 4, 3, 0, False),
     "sparse": (32, 128, 128, 4, 3, 0, False),
     "mid": (64, 128, 64, 4, 4, 0, False),
-    "prefill": (128, 128, 64, 8, 4, 0, False),
+    "prefill": (128, 128, 64, 8, 4, 4, False),
     "large": (256, 128, 64, 8, 4, 4, False),
 }
 
@@ -167,9 +170,11 @@ HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 #: plans without it: the sparse class (32-row tiles, 4-32 rows per expert) 4-10% faster (gpt-oss-120b at 128 tokens
 #: 721 -> 653 us uniform, 586 -> 545 skewed; at 512 834 -> 795 and 955 -> 901; gpt-oss-20b at 128 skewed 248 -> 238).
 #: Mid (64-row tiles) with 16- or 32-row tails: level at 512 tokens for gpt-oss-20b (386 / 384 / 388 us), 2-5% at
-#: 2048 for 120b; prefill with 32- or 64-row tails up to 24% slower at 2048 tokens for 20b, large with 64 or 128 -4%
-#: to +10%: those classes keep one width (docs/nvidia.md).
-HOPPER_TAIL_M = {"sparse": 16}
+#: 2048 for 120b; prefill with 32- or 64-row tails up to 24% slower at 2048 tokens for 20b: those classes keep one
+#: width (docs/nvidia.md). Large with 128-row tails (H200, same day, two alternations, both routings): 4-9% faster
+#: where the class starts (512 rows per expert: gpt-oss-20b at 4096 tokens 2047-2051 against 2177-2255 us uniform,
+#: gpt-oss-120b at 16384 7648-7800 against 8008-8023), level at 2048 rows per expert (20b at 16384).
+HOPPER_TAIL_M = {"sparse": 16, "large": 128}
 
 
 def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False) -> TileConfig:
@@ -211,8 +216,8 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
         block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 8, 4, True
     elif name == "prefill":
         # K=64 / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens; with K=64,
-        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM. Here the
-        # activation rows still fit in L2, and grouped launch order (GROUP_M=8) was 11-14% slower.
+        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM. (The dot_scaled
+        # path; the Hopper rows, HOPPER_TILES, group the launch order here too.)
         block_m, block_n, block_k, warps, stages = 128, 128, 64, 8 if gemm == "glu" else 4, 4
     elif name == "large":
         # 256 rows (two warpgroups of 128) and grouped launch order: see LARGE_ROWS_PER_EXPERT.

@@ -758,7 +758,7 @@ def test_class_tiles(target):
         w13, w2 = tiles(T)
         assert w13.BLOCK_M == w2.BLOCK_M
     # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512
-    assert tiles(4095)[0].BLOCK_M == 128 and tiles(4095)[0].GROUP_M == 0
+    assert tiles(4095)[0].BLOCK_M == 128 and tiles(4095)[0].GROUP_M == (4 if target == SM90 else 0)
     assert tiles(256)[0].BLOCK_M == 32 and tiles(257)[0].BLOCK_M == 64
     assert tiles(1024, E=128)[0].BLOCK_M == 32
     assert (tiles(4096)[0].BLOCK_M, tiles(4096)[0].GROUP_M) == (256, 4)
@@ -768,9 +768,10 @@ def test_class_tiles(target):
     assert tiles(1, E=8, k=2, H=96, I=32)[0].BLOCK_N == (32 if target == SM100 else 64)
     assert tiles(2000, E=8, k=2, H=96, I=32)[0].BLOCK_N == 64  # clamped to the (tiny) N = 2I
     assert tiles(1)[1].SPLIT_K == (2 if target == SM90 else 1) and tiles(5)[1].SPLIT_K == 1
-    # sm_90: the sparse class runs an expert's last block of at most 16 rows with 16-row MMAs, no other class
+    # sm_90: the sparse class runs an expert's last block of at most 16 rows with 16-row MMAs, the large class one
+    # of at most 128 rows with 128-row MMAs; mid and prefill one width
     assert [tiles(T)[g].TAIL_M for T in (64, 65, 256, 257, 2048, 4096) for g in (0, 1)] == (
-        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0] if target == SM90 else [0] * 12)
+        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 128, 128] if target == SM90 else [0] * 12)
     with pytest.raises(ValueError, match="TAIL_M"):
         TileConfig(32, 64, 128, 4, 3, TAIL_M=32)
     with pytest.raises(ValueError, match="gemm"):
