@@ -190,7 +190,8 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
     # the Hopper bf16 path's mid class reaches further on layers of many experts (tile_config.PREFILL_ROWS_PER_EXPERT)
     classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if arch == 90 and activations == "bf16" else 0)
-    tiles = {name: _class_tiles(spec, layout, arch, name, options) for name, _ in classes}
+    first_tokens = dict(zip((name for name, _ in classes), [1] + [t + 1 for _, t in classes[:-1]]))
+    tiles = {name: _class_tiles(spec, layout, arch, name, options, first_tokens[name]) for name, _ in classes}
     slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}
     # fp32 layers sum into their output unless some class writes slot rows; then every class writes "output"
     output = "output" if spec.dtype != "float32" or any(slot_rows.values()) else "accumulator"
@@ -212,23 +213,27 @@ def _extra_inputs(spec: LayerSpec) -> tuple[PlanInput, ...]:
     return ()
 
 
-def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str,
-                 options: PlanOptions) -> tuple[TileConfig, TileConfig, TileConfig | None, TileConfig | None]:
+def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str, options: PlanOptions,
+                 first_tokens: int = 1) -> tuple[TileConfig, TileConfig, TileConfig | None, TileConfig | None]:
     """(w13, w2, shared w13, shared w2) tiles of class ``name`` (the routed GEMMs' None in the shared-expert entry,
     the shared ones' without a shared expert; the shared expert's w2 never splits K). Batch-invariant plans reduce
     along K alike in every class (:func:`~.tile_config.batch_invariant_config`). The routed and shared GEMMs of a
-    class share BLOCK_M (a class's row tiles); the shared-expert entry runs its expert in the routed GEMMs' place."""
+    class share BLOCK_M (a class's row tiles); the shared-expert entry runs its expert in the routed GEMMs' place.
+    ``first_tokens``: the class's smallest token count (its w2 input rows decide the Hopper prefill launch order,
+    ``class_config``'s ``rows_bytes``)."""
     H, I, S = spec.hidden, spec.intermediate, spec.shared_intermediate
     if options.activations == "mxfp8":  # the w4a8 form: routed GEMMs only (plan_layer refuses a shared expert)
         return w4a8_config(name, 2 * I, H, arch), w4a8_config(name, H, I, arch, gemm="combine"), None, None
     hopper = layout.hopper_words
+    rows = first_tokens * (spec.top_k * I if spec.routed else S) * (4 if spec.dtype == "float32" else 2)
     c13 = c2 = s13 = s2 = None
     if spec.routed:
-        c13 = class_config(name, 2 * I, H, arch, hopper=hopper)
-        c2 = class_config(name, H, I, arch, gemm="combine", hopper=hopper)
+        c13 = class_config(name, 2 * I, H, arch, hopper=hopper, rows_bytes=rows)
+        c2 = class_config(name, H, I, arch, gemm="combine", hopper=hopper, rows_bytes=rows)
     if S:
-        s13 = class_config(name, 2 * S, H, arch, hopper=hopper)
-        s2 = dataclasses.replace(class_config(name, H, S, arch, gemm="combine", hopper=hopper), SPLIT_K=1)
+        s13 = class_config(name, 2 * S, H, arch, hopper=hopper, rows_bytes=rows)
+        s2 = dataclasses.replace(class_config(name, H, S, arch, gemm="combine", hopper=hopper, rows_bytes=rows),
+                                 SPLIT_K=1)
     if options.batch_invariant:
         c13, c2, s13, s2 = (None if c is None else batch_invariant_config(c, K)
                             for c, K in ((c13, H), (c2, I), (s13, H), (s2, S)))

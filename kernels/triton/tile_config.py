@@ -146,9 +146,7 @@ def is_few_tokens(max_tokens: int | None) -> bool:
 #: than on the row layout at 512 tokens, with 4 it is level (H100, 2026-11-24). Mid's K=64 / 4 stages: at 512
 #: tokens 3% (20b) and 1% (120b) faster than K=128 / 3 stages on the w13 GEMM, 8% and 7% on the w2 GEMM (JIT
 #: sweep on the H100 with Triton 3.6, 2026-11-25; benchmarks/gpu_moe.py --sweep). Prefill walks its row blocks in
-#: groups of 4 (GROUP_M, as large): H200, 2026-11-28, two alternations, both routings, gpt-oss-120b (4097-16383 tokens,
-#: whose [T*k, I] activation rows overflow L2) 4-10% faster at 6144 / 8192 / 12288 tokens (e.g. 8192: 4266-4425 against
-#: 4599-4670 us uniform), gpt-oss-20b (1025-4095 tokens) level (2048: 1214-1219 against 1199-1210).
+#: groups of 4 (GROUP_M, as large) where its activation rows overflow L2: HOPPER_GROUPED_PREFILL_BYTES.
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),
     "decode": (16, 64, 256, 4, 3, 0, False),
@@ -157,6 +155,15 @@ HOPPER_TILES = {
     "prefill": (128, 128, 64, 8, 4, 4, False),
     "large": (256, 128, 64, 8, 4, 4, False),
 }
+
+#: The Hopper prefill class keeps its grouped launch order (HOPPER_TILES) only when the smallest batch of the class
+#: has more than this many bytes of w2 input rows ([T*k, I] activations), which then no longer stay in L2 (50 MB on
+#: the H100, 60 on the H200) across the column tiles. 2026-11-28, two alternations, both routings: gpt-oss-120b
+#: (prefill 4097-16383 tokens, 94+ MB of rows) 4-10% faster on the H200 at 6144-12288 tokens (8192: 4266-4425 against
+#: 4599-4670 us uniform) and 4-19% on the H100 (8192: 4497-4635 against 5169-5433, 12288: 6164-6460 against
+#: 7541-7823); gpt-oss-20b (1025-4095 tokens, 24+ MB) level on the H200 (2048: 1214-1219 against 1199-1210) and 3-8%
+#: slower skewed on the H100 (1328-1396 against 1292-1293).
+HOPPER_GROUPED_PREFILL_BYTES = 64 << 20
 
 #: Classes whose w2 GEMM splits K (I) in two on the Hopper path. At 1 token it has one program per
 #: (expert, 64 columns): 180 for gpt-oss-20b, under 1.4 per SM; split in two, the H100 probe
@@ -177,10 +184,12 @@ HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 HOPPER_TAIL_M = {"sparse": 16, "large": 128}
 
 
-def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False) -> TileConfig:
+def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False,
+                 rows_bytes: int | None = None) -> TileConfig:
     """Tile shape of class ``name`` for grouped GEMM ``gemm`` ("glu": w13, "combine": w2) with output
     width ``N`` and reduction depth ``K``; ``hopper``: for the Hopper decode path (``HOPPER_TILES``),
-    else for ``tl.dot_scaled``.
+    else for ``tl.dot_scaled``. ``rows_bytes``: the w2 input rows of the class's smallest batch (the Hopper prefill
+    tiles group their launch order only past HOPPER_GROUPED_PREFILL_BYTES; None: as HOPPER_TILES says).
 
     BLOCK_M depends only on the class (never on the GEMM, N or K) so the w13 and w2 GEMMs of one
     forward agree on it: both read the same per-block expert map.
@@ -195,6 +204,8 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
             raise ValueError(f"unknown shape class {name!r} (known: {', '.join(HOPPER_TILES)})")
         block_m, block_n, block_k, warps, stages, group_m, tma = HOPPER_TILES[name]
         tail_m = HOPPER_TAIL_M.get(name, 0)
+        if name == "prefill" and rows_bytes is not None and rows_bytes <= HOPPER_GROUPED_PREFILL_BYTES:
+            group_m = 0
         if gemm == "combine":
             split_k = HOPPER_COMBINE_SPLIT_K.get(name, 1)
     elif name == "gemv":

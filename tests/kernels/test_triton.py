@@ -758,7 +758,10 @@ def test_class_tiles(target):
         w13, w2 = tiles(T)
         assert w13.BLOCK_M == w2.BLOCK_M
     # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512
-    assert tiles(4095)[0].BLOCK_M == 128 and tiles(4095)[0].GROUP_M == (4 if target == SM90 else 0)
+    assert tiles(4095)[0].BLOCK_M == 128 and tiles(4095)[0].GROUP_M == 0
+    # sm_90 prefill: grouped launch order where the class's smallest batch has more w2 input rows than L2 holds
+    # (gpt-oss-120b from 4097 tokens: 94 MB; gpt-oss-20b from 1025: 24 MB)
+    assert [tiles(8192, E=128)[g].GROUP_M for g in (0, 1)] == ([4, 4] if target == SM90 else [0, 0])
     assert tiles(256)[0].BLOCK_M == 32 and tiles(257)[0].BLOCK_M == 64
     assert tiles(1024, E=128)[0].BLOCK_M == 32
     assert (tiles(4096)[0].BLOCK_M, tiles(4096)[0].GROUP_M) == (256, 4)
