@@ -18,7 +18,8 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
 of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
-graph", of a graph holding one), the torch baseline in the same run (router + top-k, then the selected experts
+graph", of a graph holding one; above 512 tokens eager calls, alternating with the peer's when it runs), the
+torch baseline in the same run (router + top-k, then the selected experts
 dequantized to bf16 and run through ``torch._grouped_mm``, or a per-expert loop where that is
 missing), bytes moved (selected experts' MXFP4 weights + scales + biases, router, activations in and
 out, the [T*k, I] intermediate written and read) and % of the measured HBM bandwidth, FLOPs
@@ -150,6 +151,26 @@ def time_cuda(torch, fn, iters: int = 50, warmup: int = 5, graph: bool = False, 
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / (reps if graph else 1))
     return statistics.median(times)
+
+
+def time_alternating(torch, fns, iters: int = 20, warmup: int = 3) -> list[float]:
+    """Median seconds per call of each of ``fns``, called in turn (a, b, a, b, ...) with CUDA events around each
+    call: a drift of the GPU's clocks or of the host during the measurement touches all of them alike (the eager
+    rows, timed one after the other, moved 5-10% between runs and their ratios with them)."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, ts in zip(fns, times):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end) / 1e3)
+    return [statistics.median(ts) for ts in times]
 
 
 def capture_graph(torch, fn, reps: int):
@@ -304,8 +325,12 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                 # forward finds its weights in L2 from the one before (as in a model, layer after layer)
                 exs = [ex] + copies if T <= 512 else [ex]
                 calls = iter(range(1 << 62))
-                t_mx = time_cuda(torch, lambda: exs[next(calls) % len(exs)](x), graph=T <= 512,
-                                 iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
+                if T > 512 and peer_layers:  # eager rows: mxmoe and the peer called in turn
+                    t_mx, t_peer = time_alternating(torch, [lambda: ex(x), lambda: peer.forward(peer_layers[0], x)],
+                                                    iters=50 if T <= 4096 else 20)
+                else:
+                    t_mx = time_cuda(torch, lambda: exs[next(calls) % len(exs)](x), graph=T <= 512,
+                                     iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
                 t_one = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50) if T <= 512 else t_mx
                 t_th = (time_cuda(torch, lambda: torch_baseline(torch, F, layer, x, lut), iters=20 if T <= 4096 else 10)
                         if baseline and gpt_oss_semantics else float("nan"))
@@ -315,11 +340,11 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                     H * 2 if cfg.shared_gate else 0)
                 moved = expert_bytes + shared_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
                 flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * 3 * S * H + 2 * T * E * H
-                if peer_layers:  # the same timing: graphs cycling through 4 copies for T <= 512
-                    pl = peer_layers if T <= 512 else peer_layers[:1]
-                    pcalls = iter(range(1 << 62))
-                    t_peer = time_cuda(torch, lambda: peer.forward(pl[next(pcalls) % len(pl)], x), graph=T <= 512,
-                                       iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
+                if peer_layers:  # the same timing: graphs cycling through 4 copies for T <= 512 (eager: above)
+                    if T <= 512:
+                        pcalls = iter(range(1 << 62))
+                        t_peer = time_cuda(torch, lambda: peer.forward(peer_layers[next(pcalls) % len(peer_layers)], x),
+                                           graph=True, iters=50, reps=GRAPH_REPS)
                     peer_cols = (f"{t_peer * 1e6:.1f} | {t_peer / t_mx:.2f}x | {100 * moved / t_peer / bw:.0f}% | "
                                  f"{100 * flops / t_peer / peak:.1f}%")
                 else:
