@@ -227,8 +227,9 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
         block_m, block_n, block_k, warps, stages, tma = 64, 128, 64, 8, 4, True
     elif name == "prefill":
         # K=64 / 4 stages: 12-19% faster than K=128 / 8 warps / 3 stages at 16384 tokens; with K=64,
-        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM. (The dot_scaled
-        # path; the Hopper rows, HOPPER_TILES, group the launch order here too.)
+        # 8 warps are 2-3% faster than 4 for the w13 GEMM and 3-5% slower for the w2 GEMM. Grid order: grouped
+        # (GROUP_M=8) was 11-14% slower when this path ran on the H100 (gpt-oss-20b, rows that fit L2); the Hopper
+        # rows group where they do not (HOPPER_GROUPED_PREFILL_BYTES).
         block_m, block_n, block_k, warps, stages = 128, 128, 64, 8 if gemm == "glu" else 4, 4
     elif name == "large":
         # 256 rows (two warpgroups of 128) and grouped launch order: see LARGE_ROWS_PER_EXPERT.
