@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mxmoe.core.bridge import numpy_dtype
 from mxmoe.core.layouts import ROW_MAJOR, TRITON_HOPPER, TRITON_HOPPER_TILED, Layout, get_layout
 from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
@@ -225,7 +226,7 @@ def _class_tiles(spec: LayerSpec, layout: Layout, arch: int, name: str, options:
     if options.activations == "mxfp8":  # the w4a8 form: routed GEMMs only (plan_layer refuses a shared expert)
         return w4a8_config(name, 2 * I, H, arch), w4a8_config(name, H, I, arch, gemm="combine"), None, None
     hopper = layout.hopper_words
-    rows = first_tokens * (spec.top_k * I if spec.routed else S) * (4 if spec.dtype == "float32" else 2)
+    rows = first_tokens * (spec.top_k * I if spec.routed else S) * numpy_dtype(spec.dtype).itemsize
     c13 = c2 = s13 = s2 = None
     if spec.routed:
         c13 = class_config(name, 2 * I, H, arch, hopper=hopper, rows_bytes=rows)
