@@ -58,6 +58,8 @@ class OpSchema:
     summary: str
     #: attributes an op may leave out: name -> (type, the value it means then)
     optional: dict[str, tuple[type, object]] = field(default_factory=dict)
+    #: the operands (by index; negative from the end) whose leading dim is the token count, as is every result's
+    tokens: tuple[int, ...] = (0,)
 
 
 class OpView:
@@ -338,16 +340,17 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
              optional={"has_score_bias": (bool, False), "n_group": (int, 1), "topk_group": (int, 1),
                        "scaling": (float, 1.0)}),
     OpSchema("mxmoe.grouped_matmul", {"has_bias": bool}, _verify_grouped_matmul,
-             "per (token, slot) MXFP4 matmul with the routed expert"),
+             "per (token, slot) MXFP4 matmul with the routed expert", tokens=(0, 1)),
     OpSchema("mxmoe.glu", dict(_GLU_ATTRS), _verify_glu, "gated activation of a fused gate/up projection"),
-    OpSchema("mxmoe.combine", {}, _verify_combine, "weighted sum of a token's k expert outputs"),
+    OpSchema("mxmoe.combine", {}, _verify_combine, "weighted sum of a token's k expert outputs", tokens=(0, 1)),
     OpSchema("mxmoe.grouped_matmul_glu", {"has_bias": bool, **_GLU_ATTRS}, _verify_grouped_matmul_glu,
-             "grouped_matmul with the glu fused into its epilogue"),
+             "grouped_matmul with the glu fused into its epilogue", tokens=(0, 1)),
     OpSchema("mxmoe.grouped_matmul_combine", {"has_bias": bool}, _verify_grouped_matmul_combine,
-             "grouped_matmul with routing weight and combine fused into its epilogue"),
+             "grouped_matmul with routing weight and combine fused into its epilogue", tokens=(0, 1, -1)),
     OpSchema("mxmoe.map_experts", {"num_global": int, "has_map": bool}, _verify_map_experts,
              "global expert ids to this layer's (-1: not here)"),
-    OpSchema("mxmoe.weight_rows", {}, _verify_weight_rows, "routing weight applied to the token before the experts"),
+    OpSchema("mxmoe.weight_rows", {}, _verify_weight_rows, "routing weight applied to the token before the experts",
+             tokens=(0, 1)),
 )}
 
 
@@ -378,6 +381,55 @@ def create(name: str, operands: Sequence[ir.Value], result_types: Sequence[ir.Ty
                              attributes={k: make_attr(v) for k, v in attrs.items()}, loc=loc)
     verify_op(op)
     return op
+
+
+def _token_dynamic(t: ir.Type) -> ir.Type | None:
+    """``t`` with its leading (token) dim made dynamic; None where it has none to generalise (rank < 2, dynamic)."""
+    t = ir.RankedTensorType(t)
+    if t.rank < 2 or t.is_dynamic_dim(0):
+        return None
+    return ir.RankedTensorType.get([DYN, *t.shape[1:]], t.element_type, t.encoding)
+
+
+def _opaque_tokens(v: ir.Value, dyn: ir.Type) -> ir.Value:
+    """``v`` as ``dyn`` through a token count iree-compile cannot see (an optimization barrier on the constant T):
+    a plain ``tensor.cast`` would fold back to static shapes, and iree-compile mishandles some of those (a cast
+    constant operand, a routing weight of ones, becomes a constant of dynamic type; unit-dim folding at T = 1
+    breaks the row-major lowering's gathers). So the lowered code is the dynamic program's."""
+    t = ir.IntegerAttr.get(ir.IndexType.get(), ir.RankedTensorType(v.type).shape[0])
+    tokens = ir.Operation.create("arith.constant", results=[ir.IndexType.get()], attributes={"value": t}).result
+    tokens = ir.Operation.create("util.optimization_barrier", results=[tokens.type], operands=[tokens]).result
+    return ir.Operation.create("flow.tensor.reshape", results=[dyn], operands=[v, tokens],
+                               attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 0, 1])}).result
+
+
+def generalize_tokens(op: ir.Operation) -> ir.Operation:
+    """``op`` with a dynamic token count: a program exported with static shapes (``torch.export`` without
+    ``dynamic_shapes``) has ops of a fixed T, which lowerings written for any T then also serve. The token
+    operands are reshaped to ``?`` (``_opaque_tokens``) and the results cast back, so the ops around it keep their
+    types. For the IREE lowerings only (``flow`` and ``util`` ops). Returns ``op`` itself when T is dynamic."""
+    schema = SCHEMAS[op.name]
+    n = len(op.operands)
+    token_ids = {i % n for i in schema.tokens if -n <= i < n}
+    operands, changed = list(op.operands), False
+    with ir.InsertionPoint(op), op.location:
+        for i in sorted(token_ids):
+            dyn = _token_dynamic(operands[i].type)
+            if dyn is not None:
+                operands[i] = _opaque_tokens(operands[i], dyn)
+                changed = True
+        result_types = [_token_dynamic(r.type) or r.type for r in op.results]
+        if not changed and all(t == r.type for t, r in zip(result_types, op.results)):
+            return op
+        new = ir.Operation.create(op.name, results=result_types, operands=operands,
+                                  attributes={name: op.attributes[name] for name in op.attributes})
+        for old, res in zip(op.results, new.results):
+            back = res if res.type == old.type else ir.Operation.create(
+                "tensor.cast", results=[old.type], operands=[res]).result
+            old.replace_all_uses_with(back)
+    op.erase()
+    verify_op(new)
+    return new
 
 
 def walk_mxmoe(root: ir.Operation) -> list[ir.Operation]:

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype, to_torch
-from mxmoe.core.signature import EntrySignature, TensorSpec, check_inputs, empty_outputs
+from mxmoe.core.signature import EntrySignature, TensorSpec, check_inputs, check_shape, empty_outputs
 
 
 class BoundModule:
@@ -44,6 +44,9 @@ class BoundModule:
             if math.prod(args[0].shape) == 0:
                 self._check_trailing_dims(args[0].shape)
                 return self._unpack([to_torch(o, device=args[0].device) for o in self._empty(args[0].shape)])
+            for spec, a in zip(self.inputs, args):
+                if spec.shape and None not in spec.shape:  # a program exported for one token count
+                    check_shape(spec, tuple(a.shape))
             return self._executor(*args)  # it checks shapes itself ([..., H]: leading dims are flattened)
         arrays, any_torch = check_inputs(self.inputs, args)
         outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._executor(*arrays)

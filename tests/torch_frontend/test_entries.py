@@ -208,3 +208,26 @@ def test_entries_survive_an_artifact(tmp_path):
                                   np.asarray(cm.entry("modular")(x, w, ids).float()))
     with pytest.raises(ValueError, match="no entry point 'shared'"):
         mod.entry("shared")
+
+
+@pytest.mark.parametrize("name, tokens", [
+    pytest.param(name, tokens, marks=pytest.mark.slow if name.startswith("rocm") and tokens > 1 else ())
+    for name in TARGETS for tokens in (1, 3)])
+def test_programs_exported_with_static_shapes(name, tokens, rocm_form_on_cpu):
+    """``torch.export.export`` without ``dynamic_shapes`` fixes T; every lowering takes such a program (its ops are
+    generalised to any T and cast back) and the module then refuses any other T in one line."""
+    from mxmoe.torch_frontend.compile import entry_module, example_inputs
+
+    layer = MoE.random(_cfg(**FEATURES["everything"]), seed=5)
+    target = TARGETS[name] if TARGETS[name] in ("cpu", "cuda:sm_90") else rocm_form_on_cpu(TARGETS[name])
+    kw = {"interpret": True} if target == "cuda:sm_90" else {}
+    for entry in ("layer", "modular"):
+        module = entry_module(layer, entry)
+        inputs = example_inputs(layer, entry, tokens)
+        with torch.no_grad():
+            program = torch.export.export(module, inputs)
+        cm = mxmoe.compile(program, target=target, **kw)
+        _check(cm(*inputs), module(*inputs), f"{entry} at T={tokens}")
+        other = example_inputs(layer, entry, tokens + 1)
+        with pytest.raises(ValueError, match=f"dim 0 must be {tokens}"):
+            cm(*other)
