@@ -116,6 +116,8 @@ def _arg_max_rounds(b: _Body, src: str, e: int, k: int, T: str) -> tuple[str, st
     """k rounds of a row arg-max over ``src`` [T, e] f32 (ties to the lower index, whatever the reduction order),
     each round's winner masked to -inf before the next: (values [T, k], indices [T, k] i32, ``src`` with all k
     winners masked)."""
+    if e == 1:  # the one expert wins (IREE's arg-max microkernel fails to lower a reduction of extent 1)
+        return src, _filled(b, [None, 1], "i32", [T], "0"), src
     id2, row = _map(2, "d0, d1"), _map(2, "d0")
     vals = _empty(b, [None, k], "f32", [T])
     ids = _empty(b, [None, k], "i32", [T])

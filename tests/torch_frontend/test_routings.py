@@ -208,6 +208,18 @@ def test_compiled_activations_match_the_reference(case, target):
         assert err <= TOL, (case, tokens, err)
 
 
+@pytest.mark.parametrize("routing, kw", [("topk_softmax", {}), ("softmax_topk", {}),
+                                         ("sigmoid_topk", {"renormalize": True}), ("topk_sigmoid", {})])
+def test_a_layer_of_one_expert(routing, kw, target):
+    """E = 1 (a dense MLP as an MoE layer): every routing picks that expert. The lowering emits no arg-max for it:
+    IREE's arg-max microkernel failed to lower a reduction of one (iree-compile errored on every such layer)."""
+    layer = MoE.random(_cfg(num_experts=1, top_k=1, routing=routing, **kw), seed=10)
+    cm = mxmoe.compile(layer, target=TARGETS[target])
+    for tokens in (1, 5):
+        x = _x(tokens, seed=tokens)
+        assert relative_error(cm(x).float().numpy(), layer(x).float().numpy()) <= TOL, (routing, tokens)
+
+
 def test_weight_on_input_with_shared_expert_on_the_rowmajor_lowering():
     """Llama-4's whole block: top-1 sigmoid weight on the input, plus a shared expert (bf16 linears)."""
     layer = MoE.random(_cfg(routing="topk_sigmoid", top_k=1, apply_router_weight_on_input=True, router_bias=False,
