@@ -211,8 +211,9 @@ def test_entries_survive_an_artifact(tmp_path):
 
 
 @pytest.mark.parametrize("name, tokens", [
-    pytest.param(name, tokens, marks=pytest.mark.slow if name.startswith("rocm") and tokens > 1 else ())
-    for name in TARGETS for tokens in (1, 3)])
+    # of the ROCm forms (8 s each) the default suite compiles gfx942's at T = 1 (the case iree-compile broke)
+    pytest.param(name, tokens, marks=pytest.mark.slow if name.startswith("rocm") and (tokens > 1 or "gfx950" in name)
+                 else ()) for name in TARGETS for tokens in (1, 3)])
 def test_programs_exported_with_static_shapes(name, tokens, rocm_form_on_cpu):
     """``torch.export.export`` without ``dynamic_shapes`` fixes T; every lowering takes such a program (its ops are
     generalised to any T and cast back) and the module then refuses any other T in one line."""
