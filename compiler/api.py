@@ -78,6 +78,11 @@ class CompiledModule:
     _bound: EntryPoints | None = None
 
     @property
+    def entry_names(self) -> list[str]:
+        """The entries' names, the default first (as a loaded artifact's module lists them)."""
+        return [e.name for e in self.entries]
+
+    @property
     def inputs(self) -> list[TensorSpec]:
         return list(self.entries[0].inputs)
 

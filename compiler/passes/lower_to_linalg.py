@@ -71,10 +71,13 @@ def _route_func(fname: str, v: OpView) -> str:
     c0 = b.const(0, "index")
     T = b.v(f"tensor.dim %logits, {c0} : {_tt([None, e], el)}", "T")
     id2 = _map(2, "d0, d1")
-    # logits -> f32
+    # logits -> f32. bf16 logits are rounded again on the bits as they are read: fused with the router's f32 matmul,
+    # IREE folds its truncf with this extf, and the route then chose on unrounded logits (the contract compares
+    # rounded ones: exactly equal bf16 logits went to the higher expert when its f32 sum was larger)
+    read = (_to_f32_lines("%a", el, "%x") + _input_lines("%x", "f32", "%r", "bf16") if el == "bf16"
+            else _to_f32_lines("%a", el, "%r"))
     src = _generic(b, [("%logits", _tt([None, e], el), id2)], [(_empty(b, [None, e], "f32", [T]), _tt([None, e], "f32"), id2)],
-                   ["parallel", "parallel"], _to_f32_lines("%a", el, "%r") + ["linalg.yield %r : f32"],
-                   [("%a", el), ("%o", "f32")])
+                   ["parallel", "parallel"], read + ["linalg.yield %r : f32"], [("%a", el), ("%o", "f32")])
     scores = None
     if routing == "softmax_topk":
         src = _softmax(b, src, [None, e], T)

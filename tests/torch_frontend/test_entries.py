@@ -201,7 +201,7 @@ def test_entries_survive_an_artifact(tmp_path):
     cm = mxmoe.compile(layer, target="cpu", entries="all")
     cm.save(tmp_path / "l.mxmoe")
     mod = load(tmp_path / "l.mxmoe")
-    assert mod.entry_names == ["layer", "monolithic", "modular"]
+    assert mod.entry_names == cm.entry_names == ["layer", "monolithic", "modular"]
     x = _x(5, seed=3)
     w, ids = _routing(layer.config, 5, seed=4)
     np.testing.assert_array_equal(np.asarray(mod.entry("modular")(x, w, ids).float()),

@@ -23,15 +23,20 @@ from mxmoe.torch_frontend import MoE
 H = 64
 
 
-def _tied_layer(num_experts: int, top_k: int, tokens: int, gap_ulps: int, routing: str, seed: int):
+def _tied_layer(num_experts: int, top_k: int, tokens: int, gap_ulps: int, routing: str, seed: int,
+                sub_ulp_bias: bool = False):
     """(layer, x, expected ids): token t is one-hot at h = t (value 2^(t % 3)); router column t gives experts
-    ``a < b`` the k-th largest logit, equal (``gap_ulps=0``) or ``b``'s one bf16 ulp above (``gap_ulps=1``)."""
+    ``a < b`` the k-th largest logit, equal (``gap_ulps=0``) or ``b``'s one bf16 ulp above (``gap_ulps=1``).
+    ``sub_ulp_bias``: a router bias of e * 2^-12 for expert e (under half a bf16 ulp of the tied logits, which
+    are >= 1): the fp32 sums of a tie then differ, ``b``'s larger, and only the contract's rounding ties them."""
     if tokens > H:
         raise ValueError("one router column per token: at most H tokens")
     rng = np.random.default_rng(seed)
     cfg = MoEConfig(num_experts=num_experts, top_k=top_k, hidden=H, intermediate=64, routing=routing,
-                    router_bias=False, activation="silu", interleaved=False)
+                    router_bias=sub_ulp_bias, activation="silu", interleaved=False)
     w = MoEWeights.random(cfg, seed=seed)
+    if sub_ulp_bias:
+        w.router_bias = np.arange(num_experts, dtype=np.float32) * 2.0 ** -12
     router = np.zeros((num_experts, H), np.float32)
     x = torch.zeros(tokens, H)
     expected = []
@@ -82,6 +87,23 @@ def test_cpu_target_follows_the_contract_at_every_token_count(compiled_tied, gap
     out = cm(xs).float()
     err = (out - ref).abs().max() / ref.abs().max()
     assert err < 2e-2, f"{tokens} tokens, gap {gap_ulps}: {err}"
+
+
+@pytest.mark.parametrize("routing", ["topk_softmax", "sigmoid_topk"])
+@pytest.mark.parametrize("target", ["cpu", "rocm:gfx942-on-cpu", "cuda-interpreted"])
+def test_ties_are_of_rounded_logits(target, routing, rocm_form_on_cpu):
+    """Logits whose fp32 sums differ by less than half a bf16 ulp round to one value and tie: the lower expert wins.
+    The cpu and rocm lowerings chose on the unrounded sums until 2026-11-28 where the route's first step is
+    elementwise (sigmoid_topk: IREE fused it into the router's matmul and folded the logits' rounding away), so the
+    higher expert won such ties there."""
+    layer, x, _ = _tied_layer(16, 3, 64, 0, routing, seed=3, sub_ulp_bias=True)
+    kw = {"interpret": True} if target == "cuda-interpreted" else {}
+    cm = mxmoe.compile(layer, target={"cpu": "cpu", "cuda-interpreted": "cuda:sm_90"}.get(target)
+                       or rocm_form_on_cpu("gfx942"), **kw)
+    for tokens in (1, 64):
+        ref, out = layer(x[:tokens]).float(), cm(x[:tokens]).float()
+        err = (out - ref).abs().max() / ref.abs().max()
+        assert err < 2e-2, f"{tokens} tokens: {err}"
 
 
 def test_cpu_routing_is_batch_invariant_and_deterministic(compiled_tied):
