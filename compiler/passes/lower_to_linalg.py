@@ -44,6 +44,7 @@ from iree.compiler import ir
 from mxmoe.compiler import dialect
 from mxmoe.compiler.dialect import OpView, VerifyError, shape
 from mxmoe.compiler.passes.lowering import cpu_grouped, cpu_ukernel, rocm_grouped
+from mxmoe.compiler.passes.lowering.router_once import round_router_once
 from mxmoe.compiler.passes.lowering.text import (Body, amap, empty, filled, from_f32_lines, generic, round_to,
                                                  to_f32_lines, tt)
 
@@ -565,6 +566,8 @@ def run(module_op: ir.Operation, ukernel: str | None = None, activations: str = 
     for op in dialect.walk_mxmoe(module_op):
         dialect.verify_op(op)
         op = dialect.generalize_tokens(op)  # the emitters write functions of any T
+        if op.name == "mxmoe.route":
+            round_router_once(op)
         v = OpView(op)
         _check_layout(v)
         fname = op.name.replace(".", "_") + "_" + _signature_key(op)

@@ -89,6 +89,30 @@ def test_cpu_target_follows_the_contract_at_every_token_count(compiled_tied, gap
     assert err < 2e-2, f"{tokens} tokens, gap {gap_ulps}: {err}"
 
 
+@pytest.mark.parametrize("target", ["cpu", "rocm:gfx942-on-cpu", "cuda-interpreted"])
+def test_the_router_rounds_once(target, rocm_form_on_cpu):
+    """round_A(x w + b), not round_A(round_A(x w) + b). A random-config sweep found this layer's token 10 routed to
+    another expert on the IREE targets: torch exports a bf16 router as a bf16 linear, which IREE lowered there as
+    a rounded matmul plus a rounded bias add (compiler/passes/lowering/router_once.py since 2026-11-28). The two
+    roundings tie the token's two best logits (then the lower index wins); rounding once does not."""
+    from mxmoe.torch_frontend.compile import example_inputs
+
+    cfg = MoEConfig(num_experts=12, top_k=1, hidden=96, intermediate=32, routing="topk_softmax", activation="silu",
+                    interleaved=True, bias=True)
+    layer = MoE.random(cfg, seed=429)
+    (x,) = example_inputs(layer, "layer", 33)
+    xw = x.float() @ layer.router_weight.float().T
+    twice = (xw.bfloat16().float() + layer.router_bias.float()).bfloat16()
+    once = torch.nn.functional.linear(x, layer.router_weight, layer.router_bias)
+    assert twice[10].argmax() != once[10].argmax()  # the case stays one where the two differ
+    kw = {"interpret": True} if target == "cuda-interpreted" else {}
+    cm = mxmoe.compile(layer, target={"cpu": "cpu", "cuda-interpreted": "cuda:sm_90"}.get(target)
+                       or rocm_form_on_cpu("gfx942"), **kw)
+    ref, out = layer(x).float(), cm(x).float()
+    err = (out - ref).abs().max(dim=-1).values / ref.abs().max()
+    assert (err < 2e-2).all(), torch.nonzero(err >= 2e-2).flatten().tolist()
+
+
 @pytest.mark.parametrize("routing", ["topk_softmax", "sigmoid_topk"])
 @pytest.mark.parametrize("target", ["cpu", "rocm:gfx942-on-cpu", "cuda-interpreted"])
 def test_ties_are_of_rounded_logits(target, routing, rocm_form_on_cpu):
