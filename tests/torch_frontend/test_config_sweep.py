@@ -41,7 +41,8 @@ def _config(seed: int) -> MoEConfig:
                   shared_format=r.choice(["mxfp4", "bf16"]))
     if kw["top_k"] == 1 and r.random() < 0.5:
         kw["apply_router_weight_on_input"] = True
-    if routing == "sigmoid_topk" and e % 2 == 0 and e >= 4 and r.random() < 0.5:
+    routed_over = kw.get("global_num_experts", e)  # groups split the experts routed over, an expert map's too
+    if routing == "sigmoid_topk" and routed_over % 2 == 0 and routed_over >= 4 and r.random() < 0.5:
         kw.update(n_group=2, topk_group=2, score_bias=r.random() < 0.5)
     return MoEConfig(**kw)
 
