@@ -181,12 +181,21 @@ class CpuTarget(IreeTarget):
         return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
 
     def compile(self, module, parameters, *, extra_flags=(), **kwargs):
+        from mxmoe.compiler import iree_backend
         from mxmoe.kernels.cpu import MATMUL_SYMBOLS
 
         text = str(module)
-        if any(sym in text for sym in MATMUL_SYMBOLS):
-            extra_flags = [*CPU_DATA_TILING, *extra_flags]
-        return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
+        if not any(sym in text for sym in MATMUL_SYMBOLS):
+            return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
+        try:
+            return super().compile(module, parameters, extra_flags=[*CPU_DATA_TILING, *extra_flags], **kwargs)
+        except iree_backend.CompileError as e:
+            if "large vector sizes" not in str(e):
+                raise
+            # data tiling of an f32 dense matmul fused with its consumer (an f32 layer's shared expert in the int8
+            # forms) exceeds iree-compile's vector limit: such a module compiles without it (its router then on
+            # IREE's plain matmul codegen)
+            return super().compile(module, parameters, extra_flags=extra_flags, **kwargs)
 
     def numerics_options(self, *, deterministic: bool | None, batch_invariant: bool) -> dict[str, bool]:
         # Always deterministic (no atomics); batch invariant where the C microkernel computes each row alone

@@ -325,6 +325,18 @@ def test_all_tokens_on_one_expert_and_f32_layers(flavor, form):
     _check_layer(moe, cm, (1, 70), torch.float32, 1e-5, 5e-2 if form == "mxint8" else 1e-3, form)
 
 
+@needs_ukernel
+@pytest.mark.parametrize("form", list(FORMS))
+def test_f32_layer_with_a_dense_shared_expert(form):
+    """An f32 layer whose shared expert is dense (shared_format="bf16": f32 linears here): iree-compile's data tiling
+    of that linear, fused with the add after it, broke its vector-size limit in the int8 forms (a random-config sweep,
+    2026-11-28); the cpu target compiles such a module without data tiling."""
+    moe = MoE.random(TINY.replace(shared_intermediate=64, shared_format="bf16", shared_gate=True), seed=8,
+                     dtype=torch.float32)
+    cm = mxmoe.compile(moe, target="cpu", activations=form)
+    _check_layer(moe, cm, (1, 9), torch.float32, 1e-5, 5e-2 if form == "mxint8" else 1e-3, form)
+
+
 def test_bad_activations_are_refused():
     moe = MoE.random(TINY, seed=1)
     with pytest.raises(ValueError, match=r"activations must be one of bf16, mxint8, mxint16, got 'int8'") as e:
