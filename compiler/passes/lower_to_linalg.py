@@ -565,9 +565,9 @@ def run(module_op: ir.Operation, ukernel: str | None = None, activations: str = 
     emitted: set[str] = set()
     for op in dialect.walk_mxmoe(module_op):
         dialect.verify_op(op)
-        op = dialect.generalize_tokens(op)  # the emitters write functions of any T
         if op.name == "mxmoe.route":
-            round_router_once(op)
+            round_router_once(op)  # before generalize_tokens, which puts a reshape between the router and the route
+        op = dialect.generalize_tokens(op)  # the emitters write functions of any T
         v = OpView(op)
         _check_layout(v)
         fname = op.name.replace(".", "_") + "_" + _signature_key(op)
