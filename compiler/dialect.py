@@ -112,11 +112,17 @@ def py_attr_symbol(a: ir.Attribute) -> str:
     return ir.FlatSymbolRefAttr(a).value
 
 
-def global_of(module_op: ir.Operation, value: ir.Value) -> ir.Operation | None:
-    """The ``util.global`` whose ``util.global.load`` produced ``value``; None for any other value."""
+def producer(value: ir.Value, name: str) -> ir.Operation | None:
+    """The op that defines ``value`` when it is a ``name`` op; None for a block argument or any other op."""
     owner = value.owner
     owner = owner.operation if isinstance(owner, ir.OpView) else owner
-    if not isinstance(owner, ir.Operation) or owner.name != "util.global.load":
+    return owner if isinstance(owner, ir.Operation) and owner.name == name else None
+
+
+def global_of(module_op: ir.Operation, value: ir.Value) -> ir.Operation | None:
+    """The ``util.global`` whose ``util.global.load`` produced ``value``; None for any other value."""
+    owner = producer(value, "util.global.load")
+    if owner is None:
         return None
     name = py_attr_symbol(owner.attributes["global"])
     for op in module_op.regions[0].blocks[0].operations:

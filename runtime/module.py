@@ -29,6 +29,9 @@ class BoundModule:
         self._executor = executor
         self._takes_tensors = takes_tensors
         self._guard = guard  # called before every call (a loaded artifact checks its file did not change)
+        # inputs of a program exported for one token count (every dim static): a tensor-taking executor, which
+        # checks only the trailing dims, must not run another count
+        self._fixed = [(i, spec) for i, spec in enumerate(self.inputs) if spec.shape and None not in spec.shape]
 
     @property
     def executor(self):
@@ -44,9 +47,8 @@ class BoundModule:
             if math.prod(args[0].shape) == 0:
                 self._check_trailing_dims(args[0].shape)
                 return self._unpack([to_torch(o, device=args[0].device) for o in self._empty(args[0].shape)])
-            for spec, a in zip(self.inputs, args):
-                if spec.shape and None not in spec.shape:  # a program exported for one token count
-                    check_shape(spec, tuple(a.shape))
+            for i, spec in self._fixed:
+                check_shape(spec, tuple(args[i].shape))
             return self._executor(*args)  # it checks shapes itself ([..., H]: leading dims are flattened)
         arrays, any_torch = check_inputs(self.inputs, args)
         outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._executor(*arrays)

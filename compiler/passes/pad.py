@@ -98,12 +98,11 @@ def _padded_glu_result(x: ir.Value, kk2: int) -> ir.Value | None:
     Its padded columns are zero (zero weights and bias give GLU(0, 0) = 0), so the next matmul can read
     it directly instead of padding the slice again.
     """
-    sl = x.owner.operation if isinstance(x.owner, ir.OpView) else x.owner
-    if not isinstance(sl, ir.Operation) or sl.name != "tensor.extract_slice":
+    sl = dialect.producer(x, "tensor.extract_slice")
+    if sl is None:
         return None
     src = sl.operands[0]
-    producer = src.owner.operation if isinstance(src.owner, ir.OpView) else src.owner
-    if not isinstance(producer, ir.Operation) or producer.name != "mxmoe.grouped_matmul_glu":
+    if dialect.producer(src, "mxmoe.grouped_matmul_glu") is None:
         return None
     src_dims, x_dims = shape(ir.RankedTensorType(src.type)), shape(ir.RankedTensorType(x.type))
     return src if src_dims[-1] == kk2 and src_dims[:-1] == x_dims[:-1] else None

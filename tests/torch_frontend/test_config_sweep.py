@@ -2,8 +2,9 @@
 sizes, biases, shared experts, expert maps, router weight on input, groups) compiled for the cpu target with every
 entry, saved and loaded as an artifact, and run at 1, 5 and 33 tokens against the reference entries.
 
-Such a sweep found four bugs of the IREE lowerings at once on 2026-11-28 (ties broken on unrounded logits, a router
-rounded twice, layers of one expert, statically exported programs): each has its own test now; this keeps the net.
+Such sweeps found five bugs of the IREE path at once on 2026-11-28 (ties broken on unrounded logits, a router rounded
+twice, layers of one expert, statically exported programs, f32 layers with a dense shared expert in the int8 forms):
+each has its own test now; this keeps the net.
 Tokens whose k-th and (k+1)-th logits are within the routing contract's rounding (``near_tie_tokens``) may pick
 another expert and are left out of the comparison.
 """

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from iree.compiler import ir
 
+from mxmoe.compiler.dialect import producer
+
 #: torch's ScalarType codes of the activation types this applies to (c10/core/ScalarType.h)
 _CODES = {"bf16": 15, "f16": 5}
 _F32 = 6
-
-
-def _owner(v: ir.Value):
-    owner = v.owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner
 
 
 def _element(t: ir.Type) -> str:
@@ -48,11 +45,9 @@ def _to(v: ir.Value, code: int, el: str) -> ir.Value:
 def round_router_once(route: ir.Operation) -> None:
     """Rewrite the bf16/f16 ``aten.linear`` whose logits ``route`` reads (through ``torch_c.to_builtin_tensor``)
     into one rounding; anything else (an fp32 router, logits from an entry argument) is left as it is."""
-    bridge = _owner(route.operands[0])
-    if not isinstance(bridge, ir.Operation) or bridge.name != "torch_c.to_builtin_tensor":
-        return
-    linear = _owner(bridge.operands[0])
-    if not isinstance(linear, ir.Operation) or linear.name != "torch.aten.linear":
+    bridge = producer(route.operands[0], "torch_c.to_builtin_tensor")
+    linear = None if bridge is None else producer(bridge.operands[0], "torch.aten.linear")
+    if linear is None:
         return
     el = _element(linear.results[0].type)
     if el not in _CODES:
