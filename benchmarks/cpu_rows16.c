@@ -45,13 +45,13 @@ static double run(int form, size_t E, size_t n, size_t k, size_t R, int calls) {
     for (size_t tile = 0; tile < n / 64; ++tile) {
       if (form == 2)
         mxmoe_rows16x2_grouped_matvec(M(q8, 1), M(xs8, 1), M(w, 1), M(s, 1), M(x, 1), M(info, 2), M(counts, 2), M(order, R),
-                                      M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0);
+                                      M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0, 0, 0, 0, KIND_F32);
       else if (form == 1)
         mxmoe_rows16_grouped_matvec(M(q8, 1), M(xs8, 1), M(w, 1), M(s, 1), M(x, 1), M(info, 2), M(counts, 2), M(order, R),
-                                    M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0);
+                                    M(out, R * n), R, n, k, KIND_NONE, 0, 64, tile, 0, 0, 0, 0, KIND_F32);
       else
         mxmoe_mxfp4_grouped_matvec(M(q16, 1), M(xs16, 1), M(w, 1), M(s, 1), M(x, 1), M(info, 2), M(counts, 2), M(order, R),
-                                   M(out, R * n), R, n, k, MXMOE_BF16 ? KIND_BF16 : KIND_F32, KIND_NONE, 0, 64, tile, 0);
+                                   M(out, R * n), R, n, k, MXMOE_BF16 ? KIND_BF16 : KIND_F32, KIND_NONE, 0, 64, tile, 0, 0, 0, 0, KIND_F32);
     }
     const double t = now() - t0;
     if (t < best) best = t;

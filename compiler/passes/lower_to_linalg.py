@@ -375,6 +375,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
     T = b.v(f"tensor.dim %x, {c0} : {x}", "T")
     extra = []
     interleaved = v.attr("interleaved") if v.name == "mxmoe.grouped_matmul_glu" else None
+    glu = None  # (activation, alpha, limit) where the cpu microkernel applies the GLU
     y_el, rounded_to = xel, None  # the matmul result's type, and the rounding still to apply to it
     if activations in cpu_ukernel.PLANES and _layout(v) != cpu_grouped.ROWS16_LAYOUT:
         v.fail(f"activations='{activations}' needs the weight layout '{cpu_grouped.ROWS16_LAYOUT}', got '{_layout(v)}'")
@@ -388,16 +389,21 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
         # (the int8 forms quantize every activation type: that is what they are asked for)
         if ukernel is not None and (planes or xel in cpu_ukernel.ACTIVATION_TYPES):
-            # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows
+            # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows; or it
+            # applies the GLU itself (its epilogue has the activation), rounding where the reference rounds
             deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
+            if v.name == "mxmoe.grouped_matmul_glu" and v.attr("activation") in cpu_ukernel.GLU_CODES:
+                glu = (v.attr("activation"), v.attr("alpha"), v.attr("limit"))
             exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
-                                                  bias[1] if bias else None, deinterleave, planes)
+                                                  bias[1] if bias else None, deinterleave, planes, glu)
             extra += texts
-            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, planes)
-            # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own)
-            y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {n}] : "
-                          f"{_tt([None, n], 'f32')} into {_tt([None, k, n], 'f32')}", "y")
+            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, planes, glu)
+            # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own).
+            # With the kernel's GLU: [T, k, n / 2] of xel, the op's result
+            ny, yel = (n // 2, xel) if glu else (n, "f32")
+            y = b.v(f"tensor.expand_shape {ys} [[0, 1], [2]] output_shape [{T}, {k}, {ny}] : "
+                          f"{_tt([None, ny], yel)} into {_tt([None, k, ny], yel)}", "y")
             y_el, rounded_to = "f32", (xel if xel != "f32" else None)  # an f32 layer has nothing to round
         else:
             ys, pos = cpu_grouped.grouped_matmul_rows(b, "%x", x, k, e, n, kk, bias, T)
@@ -407,6 +413,8 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
         y = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations, decode, round_to=xel)
     if v.name == "mxmoe.grouped_matmul":
         result, rt = _round(b, y, [None, k, n], xel, [T]) if rounded_to else y, _tt([None, k, n], xel)
+    elif v.name == "mxmoe.grouped_matmul_glu" and glu:
+        result, rt = y, _tt([None, k, n // 2], xel)
     elif v.name == "mxmoe.grouped_matmul_glu":
         result = _glu_apply(b, y, [None, k, n], y_el, xel, T, v.attr("activation"), v.attr("alpha"),
                             v.attr("limit"), interleaved, rounded_to)

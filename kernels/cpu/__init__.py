@@ -34,7 +34,7 @@ from mxmoe.core.host import cache_root, has_cpu_features
 
 SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
 #: every file the object is built from (SOURCE includes the others): the cache key hashes them all
-SOURCES = (SOURCE, Path(__file__).with_name("mxint8_rows16.c"))
+SOURCES = (SOURCE, Path(__file__).with_name("mxint8_rows16.c"), Path(__file__).with_name("glu_epilogue.c"))
 #: the C entry point (see the source for its arguments)
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
 #: the C entry point that quantizes its activation rows

@@ -79,6 +79,8 @@ static inline float bias_value(const void *bias, size_t kind, size_t i) {
   }
 }
 
+#include "glu_epilogue.c"
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define MXMOE_BF16 1
 #else
@@ -515,29 +517,52 @@ static inline size_t out_col(size_t o, size_t n, size_t deinterleave) {
   return deinterleave ? o / 2 + (o % 2) * (n / 2) : o;
 }
 
+/* the largest work item (rows: mxmoe_group_slots' chunk) and output tile (tile_n) a tile buffer holds: 16 KB */
+#define MAX_ITEM_ROWS 64
+#define MAX_TILE_N 64
+
 /* what one work item writes: rows [first, +rows) of one expert, outputs [n0, n1) */
 typedef struct {
   const uint8_t *w, *s; /* the expert's weights and scales */
   const void *bias;     /* the expert's bias row (bias_kind) */
   size_t bias_kind, n, nb, deinterleave, rows, n0, n1;
+  size_t halves;        /* gate/up weight rows in halves, taken in pairs (weight_row) */
   const int32_t *slot;  /* the slots of the rows */
-  float *out;
+  void *out;            /* [S, n] f32, or with the GLU epilogue [S, n / 2] of glu.kind */
+  glu_t glu;
 } item_t;
+
+/* the zero outputs [n0, n1) of a slot with no expert: n f32 columns, or with the GLU n / 2 of its kind (the GLU
+ * of a zero gate is zero whatever the up) */
+static void zero_outputs(void *out, size_t slot, size_t n, size_t n0, size_t n1, size_t deinterleave,
+                         const glu_t *glu) {
+  if (glu->act != GLU_NONE) {
+    const size_t esize = glu->kind == KIND_F32 ? 4 : 2;
+    char *row = (char *)out + slot * (n / 2) * esize;
+    for (size_t b = n0 / 2 * esize; b < n1 / 2 * esize; ++b) row[b] = 0;
+    return;
+  }
+  float *row = (float *)out + slot * n;
+  for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
+}
+
+/* the weight (and bias) row of output o: o, or with gate/up halves (GLU epilogue of a w13 whose gate rows come
+ * first) the gate row o / 2 of an even o and the up row n / 2 + o / 2 of an odd one: the outputs then come in the
+ * interleaved order, so an output tile holds whole (gate, up) pairs */
+static inline size_t weight_row(const item_t *it, size_t o) { return out_col(o, it->n, it->halves); }
 
 /* Work item u of a grouped matmul's dispatch over output tile `tile`: fills *it (the expert's weights, scales and
  * bias, its rows' slots, the tile's outputs) and returns its first sorted row, or -1 when there is nothing to
  * multiply: u == items is the extra item that zeroes the tile of the slots with no expert (done here), u > items
  * has nothing. Both grouped matmuls (this file's and mxint8_rows16.c's) start this way. */
 static ptrdiff_t work_item(item_t *it, const uint8_t *w, const uint8_t *s, const void *bias, const int64_t *info,
-                           const int32_t *counts, const int32_t *order, float *ys, size_t S, size_t n, size_t k,
-                           size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+                           const int32_t *counts, const int32_t *order, void *ys, size_t S, size_t n, size_t k,
+                           size_t bias_kind, size_t pairs, size_t tile_n, size_t tile, size_t u, glu_t glu) {
+  const size_t deinterleave = pairs != 0;
   const size_t items = (size_t)counts[0], n0 = tile * tile_n;
   const size_t n1 = n0 + tile_n < n ? n0 + tile_n : n;
   if (u == items) { /* the slots with no expert: zero rows */
-    for (size_t p = (size_t)counts[1]; p < S; ++p) {
-      float *row = ys + (size_t)order[p] * n;
-      for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
-    }
+    for (size_t p = (size_t)counts[1]; p < S; ++p) zero_outputs(ys, (size_t)order[p], n, n0, n1, deinterleave, &glu);
     return -1;
   }
   if (u > items) return -1;
@@ -546,32 +571,62 @@ static ptrdiff_t work_item(item_t *it, const uint8_t *w, const uint8_t *s, const
   const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
   *it = (item_t){w + id * n * (k / 2), s + id * n * nb,
                  (const char *)bias + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
-                 pk >> 32, n0, n1, order + first, ys};
+                 pk >> 32, n0, n1, pairs == 2, order + first, ys, glu};
   return (ptrdiff_t)first;
 }
 
-static inline void store(const item_t *it, size_t o, size_t r, float v) {
-  it->out[(size_t)it->slot[r] * it->n + out_col(o, it->n, it->deinterleave)] = v + bias_value(it->bias, it->bias_kind, o);
+/* The tile's results [rows][tile] (output o at tile position tile_pos(o): o - n0, or with deinterleave the even
+ * outputs first, then the odd) go out row by row with the bias added, each row's outputs one or two contiguous
+ * runs, or with the GLU epilogue one run of n / 2-wide rows: writing them one float at a time as each 4 x 4 block
+ * finished cost ~20% of the item at 4096 tokens of a small layer (scattered stores missing the cache). */
+static inline size_t tile_pos(const item_t *it, size_t o) {
+  const size_t d = o - it->n0, half = (it->n1 - it->n0) / 2;
+  return it->deinterleave ? d / 2 + (d % 2) * half : d;
+}
+
+static void write_tile(const item_t *it, float (*buf)[MAX_TILE_N]) {
+  const size_t m = it->n1 - it->n0;
+  float bias[MAX_TILE_N];
+  for (size_t o = it->n0; o < it->n1; ++o) bias[tile_pos(it, o)] = bias_value(it->bias, it->bias_kind, weight_row(it, o));
+  const size_t run = it->deinterleave ? m / 2 : m;
+  if (it->glu.act != GLU_NONE) {
+    const size_t esize = it->glu.kind == KIND_F32 ? 4 : 2;
+    for (size_t r = 0; r < it->rows; ++r)
+      glu_row(&it->glu, buf[r], buf[r] + run, bias, bias + run, run,
+              (char *)it->out + ((size_t)it->slot[r] * (it->n / 2) + it->n0 / 2) * esize);
+    return;
+  }
+  /* output columns of the tile's first run, and of its second (deinterleave: the odd outputs) */
+  const size_t c0 = out_col(it->n0, it->n, it->deinterleave), c1 = out_col(it->n0 + 1, it->n, it->deinterleave);
+  for (size_t r = 0; r < it->rows; ++r) {
+    float *row = (float *)it->out + (size_t)it->slot[r] * it->n;
+    for (size_t i = 0; i < run; ++i) row[c0 + i] = buf[r][i] + bias[i];
+    if (it->deinterleave)
+      for (size_t i = 0; i < run; ++i) row[c1 + i] = buf[r][run + i] + bias[run + i];
+  }
 }
 
 static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
   const size_t nb = it->nb, xq_row = 64 * row_pairs(nb), xs_row = scale_row(nb), kh = nb * 16;
+  float buf[MAX_ITEM_ROWS][MAX_TILE_N];
   for (size_t o = it->n0; o < it->n1; ++o) {
-    const uint8_t *wrow = it->w + o * kh, *srow = it->s + o * nb;
+    const uint8_t *wrw = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
+    const size_t pos = tile_pos(it, o);
     float res[4];
     for (size_t r0 = 0; r0 < it->rows; r0 += 4) {
       const size_t nr = it->rows - r0 < 4 ? it->rows - r0 : 4;
       const int16_t *xq = xq0 + r0 * xq_row;
       const float *xsr = xs0 + r0 * xs_row;
       switch (nr) {
-        case 1: dot_rows_1(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        case 2: dot_rows_2(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        case 3: dot_rows_3(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        default: dot_rows_4(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 1: dot_rows_1(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 2: dot_rows_2(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 3: dot_rows_3(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        default: dot_rows_4(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
       }
-      for (size_t r = 0; r < nr; ++r) store(it, o, r0 + r, res[r]);
+      for (size_t r = 0; r < nr; ++r) buf[r0 + r][pos] = res[r];
     }
   }
+  write_tile(it, buf);
 }
 
 #if MXMOE_BF16
@@ -581,56 +636,24 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 /* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
  * 128 KB); longer rows go in chunks, their partial sums added */
 #define BF16_GEMM_PAIRS 48
-/* the largest work item (rows) and output tile the GEMM's result buffer holds: 16 KB */
-#define MAX_ITEM_ROWS 64
-#define MAX_TILE_N 64
-
-/* The GEMM's results [rows][tile] (output o at tile position pos(o): o - n0, or with deinterleave the even
- * outputs first, then the odd) go out row by row with the bias added, each row's outputs one or two
- * contiguous runs: writing them one float at a time as each 4 x 4 block finished cost ~20% of the
- * item at 4096 tokens of a small layer (scattered stores missing the cache). */
-static inline size_t tile_pos(const item_t *it, size_t o) {
-  const size_t d = o - it->n0, half = (it->n1 - it->n0) / 2;
-  return it->deinterleave ? d / 2 + (d % 2) * half : d;
-}
-
-static void write_tile(const item_t *it, float (*buf)[MAX_TILE_N]) {
-  const size_t m = it->n1 - it->n0;
-  float bias[MAX_TILE_N];
-  for (size_t o = it->n0; o < it->n1; ++o) bias[tile_pos(it, o)] = bias_value(it->bias, it->bias_kind, o);
-  /* output columns of the tile's first run, and of its second (deinterleave: the odd outputs) */
-  const size_t c0 = out_col(it->n0, it->n, it->deinterleave), c1 = out_col(it->n0 + 1, it->n, it->deinterleave);
-  const size_t run = it->deinterleave ? m / 2 : m;
-  for (size_t r = 0; r < it->rows; ++r) {
-    float *row = it->out + (size_t)it->slot[r] * it->n;
-    for (size_t i = 0; i < run; i += 16) {
-      const __mmask16 k = run - i >= 16 ? 0xFFFFu : (__mmask16)((1u << (run - i)) - 1u);
-      _mm512_mask_storeu_ps(row + c0 + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, buf[r] + i),
-                                                           _mm512_maskz_loadu_ps(k, bias + i)));
-      if (it->deinterleave)
-        _mm512_mask_storeu_ps(row + c1 + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, buf[r] + run + i),
-                                                             _mm512_maskz_loadu_ps(k, bias + run + i)));
-    }
-  }
-}
-
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
+  float buf[MAX_ITEM_ROWS][MAX_TILE_N];
   if (rows <= BF16_MATVEC_ROWS) {
     for (size_t o = it->n0; o < it->n1; ++o) {
-      const uint8_t *wrow = it->w + o * kh, *srow = it->s + o * nb;
+      const uint8_t *wrw = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
       float res[4];
       switch (rows) {
-        case 1: bdot_rows_1(wrow, srow, nb, x0, xrow, res); break;
-        case 2: bdot_rows_2(wrow, srow, nb, x0, xrow, res); break;
-        default: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
+        case 1: bdot_rows_1(wrw, srow, nb, x0, xrow, res); break;
+        case 2: bdot_rows_2(wrw, srow, nb, x0, xrow, res); break;
+        default: bdot_rows_3(wrw, srow, nb, x0, xrow, res); break;
       }
-      for (size_t r = 0; r < rows; ++r) store(it, o, r, res[r]);
+      for (size_t r = 0; r < rows; ++r) buf[r][tile_pos(it, o)] = res[r];
     }
+    write_tile(it, buf);
     return;
   }
   __m512i wbuf[4 * 2 * BF16_GEMM_PAIRS];
-  float buf[MAX_ITEM_ROWS][MAX_TILE_N];
   for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
     const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
     const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc;
@@ -641,8 +664,8 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
         __m512i *dst = wbuf + j * 2 * npc;
         /* the next quad's row: its bytes are fetched while this quad's dot products run (the decode
          * otherwise waits for DRAM at every quad) */
-        const char *next = (const char *)(it->w + (o + 4 < it->n1 ? o + 4 : o) * kh + 16 * b0);
-        FOR_EACH_PAIR(it->w + o * kh + 16 * b0, it->s + o * nb + b0, nbc, {
+        const char *next = (const char *)(it->w + weight_row(it, o + 4 < it->n1 ? o + 4 : o) * kh + 16 * b0);
+        FOR_EACH_PAIR(it->w + weight_row(it, o) * kh + 16 * b0, it->s + weight_row(it, o) * nb + b0, nbc, {
           if (!(p & 1)) _mm_prefetch(next + 32 * p, _MM_HINT_T0);
           dst[2 * p] = lo;
           dst[2 * p + 1] = hi;
@@ -665,22 +688,30 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
 }
 #endif
 
+/* the out memref's first element: f32, or with the GLU epilogue the activation type's */
+#define OUT_AT(out, glu) ((void *)(out + out##_off * ((glu).act != GLU_NONE && (glu).kind != KIND_F32 ? 2 : 4)))
+
 /* xq, xs: prepared rows in sorted order (mxmoe_mxfp4_quantize_rows, x_kind as given to it); w: [E, n,
  * k / 2]; s: [E, n, k / 32]; bias: [E, n] of bias_kind; info, counts: the work items of
  * mxmoe_group_slots; order[p]: the slot of sorted row p; out: [S, n] f32 by slot.  Workgroup (tile, u)
  * computes outputs [tile * tile_n, +tile_n) of work item u; workgroup (tile, items) writes zeros to those
  * outputs of the slots with no expert (sorted rows nvalid..S).  With `deinterleave` (n even) output o goes
  * to column o / 2 + (o odd ? n / 2 : 0): interleaved gate/up rows come out as [gate | up] halves, which
- * the GLU that follows reads with unit stride. */
+ * the GLU that follows reads with unit stride (`deinterleave` 1).  With glu != GLU_NONE the GLU epilogue
+ * (glu_epilogue.c) writes out [S, n / 2] of out_kind instead (tile_n even): of interleaved gate/up rows
+ * (`deinterleave` 1) or of gate rows [0, n / 2) and up rows [n / 2, n) (`deinterleave` 2, tile_n a multiple of 32:
+ * weight_row); glu_alpha and glu_limit are the bits of the activation's f32 parameters. */
 void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, xs),
                                 MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
                                 MEMREF(const void, bias), MEMREF(const int64_t, info),
                                 MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
-                                MEMREF(float, out), size_t S, size_t n, size_t k, size_t x_kind,
-                                size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u) {
+                                MEMREF(char, out), size_t S, size_t n, size_t k, size_t x_kind,
+                                size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u,
+                                size_t glu, size_t glu_alpha, size_t glu_limit, size_t out_kind) {
   item_t it;
-  const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n, k,
-                                    bias_kind, deinterleave, tile_n, tile, u);
+  const glu_t g = glu_params(glu, out_kind, glu_alpha, glu_limit);
+  const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), OUT_AT(out, g), S,
+                                    n, k, bias_kind, deinterleave, tile_n, tile, u, g);
   if (first < 0) return;
   const size_t nb = k / 32;
   const size_t xq_row = 64 * row_pairs(nb);

@@ -321,13 +321,25 @@ static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const
 }
 #endif
 
-/* Row r's outputs o0..o0+15 (res, plus bias) to its slot, as store() would put them one by one: 16 contiguous
- * columns, or with deinterleave the 8 even outputs at o0 / 2.. and the 8 odd ones at n / 2 + o0 / 2.. (n and o0
- * are multiples of 16).  Plain loops the compiler vectorizes, the bias converted once per group: in place of a
- * store() per value (its bias-kind switch and column arithmetic each time), +1-2% at 8-64 rows in the harness
- * without bias. */
+/* Row r's outputs o0..o0+15 (res, plus bias) to its slot, as write_tile would put them: 16 contiguous columns,
+ * or with deinterleave the 8 even outputs at o0 / 2.. and the 8 odd ones at n / 2 + o0 / 2.. (n and o0 are
+ * multiples of 16), or with the GLU epilogue the GLU of the 8 (even, odd) pairs at o0 / 2.. of an n / 2-wide row.
+ * Plain loops the compiler vectorizes, the bias converted once per group: in place of a store per value (its
+ * bias-kind switch and column arithmetic each time), +1-2% at 8-64 rows in the harness without bias. */
 static inline void store16(const item_t *it, size_t o0, const float *bias, size_t r, const float *res) {
-  float *row = it->out + (size_t)it->slot[r] * it->n;
+  if (it->glu.act != GLU_NONE) {
+    float gate[8], up[8], gb[8], ub[8];
+    for (size_t i = 0; i < 8; ++i) {
+      gate[i] = res[2 * i];
+      up[i] = res[2 * i + 1];
+      gb[i] = bias[2 * i];
+      ub[i] = bias[2 * i + 1];
+    }
+    const size_t esize = it->glu.kind == KIND_F32 ? 4 : 2;
+    glu_row(&it->glu, gate, up, gb, ub, 8, (char *)it->out + ((size_t)it->slot[r] * (it->n / 2) + o0 / 2) * esize);
+    return;
+  }
+  float *row = (float *)it->out + (size_t)it->slot[r] * it->n;
   if (!it->deinterleave) {
     for (size_t o = 0; o < 16; ++o) row[o0 + o] = res[o] + bias[o];
     return;
@@ -399,60 +411,83 @@ static void scale_byte_range(const uint8_t *sg, size_t nb, int *lo, int *hi) {
 
 _Static_assert(R16_MAX_ROWS2 / 2 <= R16_MAX_ROWS, "a two-plane pass has at most R16_MAX_ROWS results");
 
-/* One work item: its rows in passes of at most R16_MAX_ROWS int8 rows (R16_MAX_ROWS2 in the two-plane form; as
- * equal as they can be; a row's `planes` int8 rows in one pass, joined by r16_rows) per group of 16 outputs, the
- * group's weights (nb x 256 bytes) staying in cache from one pass to the next. */
-static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
+/* The group of 16 weight rows from row o against every row of the item, in passes of at most R16_MAX_ROWS int8 rows
+ * (R16_MAX_ROWS2 in the two-plane form; as equal as they can be; a row's `planes` int8 rows in one pass, joined
+ * by r16_rows), the group's weights (nb x 256 bytes) staying in cache from one pass to the next: res[r] (rows
+ * r < it->rows) and the group's bias.  try_fast, xlo, xhi: the item's scale-form choice (item_rows16). */
+static void group_rows16(const item_t *it, size_t o, const int8_t *xq0, const float *xs0, size_t planes, int try_fast,
+                         int xlo, int xhi, float *bias, float (*res)[16]) {
   const size_t nb = it->nb, k = 32 * nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
   const size_t per_pass = (planes == 2 ? R16_MAX_ROWS2 : R16_MAX_ROWS) / planes;
   const size_t passes = (rows + per_pass - 1) / per_pass;
+  const uint8_t *wg = it->w + o * 16 * nb, *sg = it->s + o * nb;
+  int fast = 0;
+  if (try_fast) {
+    int wlo, whi;
+    scale_byte_range(sg, nb, &wlo, &whi);
+    fast = r16_fast(wlo, whi, xlo, xhi);
+  }
+  for (size_t i = 0; i < 16; ++i) bias[i] = bias_value(it->bias, it->bias_kind, o + i);
+  for (size_t i = 0; i < passes; ++i) {
+    const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
+    r16_rows(planes * (r1 - r0), planes, fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row,
+             xs_row, res + r0);
+  }
+}
+
+/* One work item, group by group of 16 outputs (store16).  With gate/up halves (the GLU epilogue of a w13 whose
+ * gate rows come first) a tile of 32 outputs is the gate group of rows [o0 / 2, +16) and the up group of rows
+ * [n / 2 + o0 / 2, +16), the GLU of their 16 pairs at o0 / 2 (n / 2 and the tile's outputs multiples of 32). */
+static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, size_t planes) {
+  const size_t nb = it->nb, xs_row = mxint8_xs_row(nb), rows = it->rows;
   /* the scale form: the exponent add only where it pays (the GEMM passes of the AVX-512 flavor: at 1-3 rows
    * the decode, not the FMA pipes, bounds the pass, and the scans cost the matvec 5-10% in the harness) */
   const int try_fast = MXMOE_VNNI && planes * rows >= R16_FAST_ROWS;
   int xlo = 0, xhi = 255;
   if (try_fast) xs_field_range(xs0, xs_row, nb, planes * rows, &xlo, &xhi);
+  float res[MAX_ITEM_ROWS][16], bias[16];
+  if (it->halves) {
+    const size_t half = it->n / 2, esize = it->glu.kind == KIND_F32 ? 4 : 2;
+    float up[MAX_ITEM_ROWS][16], ubias[16];
+    for (size_t o0 = it->n0; o0 < it->n1; o0 += 32) {
+      group_rows16(it, o0 / 2, xq0, xs0, planes, try_fast, xlo, xhi, bias, res);
+      group_rows16(it, half + o0 / 2, xq0, xs0, planes, try_fast, xlo, xhi, ubias, up);
+      for (size_t r = 0; r < rows; ++r)
+        glu_row(&it->glu, res[r], up[r], bias, ubias, 16, (char *)it->out + ((size_t)it->slot[r] * half + o0 / 2) * esize);
+    }
+    return;
+  }
   for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) {
-    const uint8_t *wg = it->w + o0 * 16 * nb, *sg = it->s + o0 * nb;
-    int fast = 0;
-    if (try_fast) {
-      int wlo, whi;
-      scale_byte_range(sg, nb, &wlo, &whi);
-      fast = r16_fast(wlo, whi, xlo, xhi);
-    }
-    float bias[16];
-    for (size_t o = 0; o < 16; ++o) bias[o] = bias_value(it->bias, it->bias_kind, o0 + o);
-    for (size_t i = 0; i < passes; ++i) {
-      const size_t r0 = rows * i / passes, r1 = rows * (i + 1) / passes;
-      float res[R16_MAX_ROWS][16];
-      r16_rows(planes * (r1 - r0), planes, fast, wg, sg, nb, xq0 + planes * r0 * k, k, xs0 + planes * r0 * xs_row,
-               xs_row, res);
-      for (size_t r = r0; r < r1; ++r) store16(it, o0, bias, r, res[r - r0]);
-    }
+    group_rows16(it, o0, xq0, xs0, planes, try_fast, xlo, xhi, bias, res);
+    for (size_t r = 0; r < rows; ++r) store16(it, o0, bias, r, res[r]);
   }
 }
 
 static void rows16_grouped_matvec(const int8_t *xq, const float *xs, const uint8_t *w, const uint8_t *s,
                                   const void *bias, const int64_t *info, const int32_t *counts, const int32_t *order,
-                                  float *out, size_t S, size_t n, size_t k, size_t bias_kind, size_t deinterleave,
-                                  size_t tile_n, size_t tile, size_t u, size_t planes) {
+                                  void *out, size_t S, size_t n, size_t k, size_t bias_kind, size_t pairs,
+                                  size_t tile_n, size_t tile, size_t u, size_t planes, glu_t glu) {
   item_t it;
-  const ptrdiff_t first = work_item(&it, w, s, bias, info, counts, order, out, S, n, k, bias_kind, deinterleave,
-                                    tile_n, tile, u);
+  const ptrdiff_t first = work_item(&it, w, s, bias, info, counts, order, out, S, n, k, bias_kind, pairs, tile_n,
+                                    tile, u, glu);
   if (first < 0) return;
   item_rows16(&it, xq + first * planes * k, xs + first * planes * mxint8_xs_row(k / 32), planes);
 }
 
 /* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows; with two planes per row,
  * mxmoe_mxint16_quantize_rows: xq [S, 2 k], xs [S, 4 k / 32]); w: [E, n, k / 2] and s: [E, n, k / 32] in the rows16
- * layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n, tile, u, deinterleave: as
- * mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16).  One entry point per number of planes. */
+ * layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n, tile, u, deinterleave,
+ * glu, glu_alpha, glu_limit, out_kind: as mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16).  One entry point
+ * per number of planes. */
 #define ROWS16_ENTRY(NAME, PLANES)                                                                              \
   void NAME(MEMREF(const int8_t, xq), MEMREF(const float, xs), MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),  \
             MEMREF(const void, bias), MEMREF(const int64_t, info), MEMREF(const int32_t, counts),                 \
-            MEMREF(const int32_t, order), MEMREF(float, out), size_t S, size_t n, size_t k, size_t bias_kind,      \
-            size_t deinterleave, size_t tile_n, size_t tile, size_t u) {                                          \
-    rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), AT(out), S, n,  \
-                          k, bias_kind, deinterleave, tile_n, tile, u, PLANES);                                   \
+            MEMREF(const int32_t, order), MEMREF(char, out), size_t S, size_t n, size_t k, size_t bias_kind,       \
+            size_t deinterleave, size_t tile_n, size_t tile, size_t u, size_t glu, size_t glu_alpha,              \
+            size_t glu_limit, size_t out_kind) {                                                                  \
+    const glu_t g = glu_params(glu, out_kind, glu_alpha, glu_limit);                                             \
+    rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), OUT_AT(out, g), \
+                          S, n, k, bias_kind, deinterleave, tile_n, tile, u, PLANES, g);                         \
   }
 ROWS16_ENTRY(mxmoe_rows16_grouped_matvec, 1)
 ROWS16_ENTRY(mxmoe_rows16x2_grouped_matvec, 2)

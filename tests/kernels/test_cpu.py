@@ -20,6 +20,7 @@ import torch
 import mxmoe
 import mxmoe.runtime
 from mxmoe.compiler import targets as pipeline
+from mxmoe.compiler.passes.lowering import cpu_ukernel
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.core.config import PRESETS
 from mxmoe.torch_frontend.moe import MoE
@@ -113,12 +114,14 @@ def c_group(fn, ids: np.ndarray, E: int, chunk: int = 64):
     return order[:S], info, counts
 
 
-def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False, idle=0, x_kind=2, chunk=64):
+def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False, idle=0, x_kind=2, chunk=64,
+               glu=None, out_dt=np.float32):
     """Every workgroup of one grouped matvec: experts 0.. get ``rows`` rows each, in order, then ``idle``
     rows of no expert (ids from mxmoe_group_slots, work items of at most ``chunk`` rows); the sorted rows go
     to the slots of a fixed random permutation, and the result is returned in sorted order. ``x`` is f32
     (x_kind 2: the int16 path) or bf16-exact values given as bf16 (x_kind 1: the bf16 path where the
-    flavor has it)."""
+    flavor has it). ``glu``: (activation, alpha, limit) of the GLU epilogue (with deinterleave), whose
+    [S, N / 2] of ``out_dt`` is then the result."""
     matvec, quant, group = fns
     E, N, kh = w.shape
     K = 2 * kh
@@ -133,13 +136,15 @@ def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=Fals
     slots[perm] = x
     raw = torch.from_numpy(np.ascontiguousarray(slots)).bfloat16().view(torch.int16).numpy() if x_kind == 1 else slots
     xq, xs = c_quantize(quant, np.ascontiguousarray(raw), order, 1, kind=x_kind, nvalid=int(counts[1]))
-    out = np.full((S, N), np.nan, np.float32)
+    out = np.full((S, N // 2 if glu else N), np.nan, np.float32).astype(out_dt if glu else np.float32)
+    el = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(np.dtype(out_dt), "bf16")
+    epilogue = [ctypes.c_size_t(v) for v in cpu_ukernel.glu_scalars(glu, el)]
     for u in range(min(S, E) + S // chunk + 1):  # item `items` zeroes the idle rows; later ones return at once
         for t in range(-(-N // tile_n)):
             matvec(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(counts),
                    *memref(order), *memref(out), ctypes.c_size_t(S), ctypes.c_size_t(N), ctypes.c_size_t(K),
-                   ctypes.c_size_t(x_kind), ctypes.c_size_t(bias_kind), ctypes.c_size_t(int(deinterleave)),
-                   ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u))
+                   ctypes.c_size_t(x_kind), ctypes.c_size_t(bias_kind), ctypes.c_size_t(1 if deinterleave else 2 if glu else 0),
+                   ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u), *epilogue)
     return out[perm]
 
 
@@ -253,6 +258,29 @@ def reference(x, w, s, bias_f32, rows):
         out[first:first + r] = x[first:first + r].astype(np.float64) @ dec.reshape(N, K).T + bias_f32[u]
         first += r
     return out
+
+
+@pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
+@pytest.mark.parametrize("out", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
+def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu_io):
+    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the matvec (1-3 rows) and GEMM item forms, an expert with
+    no rows, slots with no expert, a partial last tile, tile_n 64) against the reference's rounding and GLU
+    applied to the same kernel's f32 result, for every activation it has; gate and up reach past the clamps."""
+    E, N, K = 3, 160, 96
+    rng = np.random.default_rng(12)
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    s = rng.integers(121, 127, (E, N, K // 32), dtype=np.uint8)
+    bias = rng.standard_normal((E, N)).astype(np.float32)
+    rows = [2, 0, 13]
+    x = (3 * torch.randn(18, K, generator=torch.Generator().manual_seed(7))).bfloat16().float().numpy()
+    h = run_kernel(kernel, x, w, s, bias, 2, rows, idle=3, x_kind=x_kind)
+    assert 0.1 < np.mean(np.abs(h[:15]) > 7) < 0.9  # both sides of the clamps
+    for glu in glu_io.cases:
+        got = run_kernel(kernel, x, w, s, bias, 2, rows, deinterleave=interleaved, idle=3, x_kind=x_kind, glu=glu,
+                         out_dt=glu_io.dtypes[out])
+        glu_io.check(got[:15], h[:15], glu, interleaved)
+        assert (got[15:].astype(np.float32) == 0).all()  # the slots with no expert
 
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])

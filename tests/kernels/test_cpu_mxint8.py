@@ -20,6 +20,7 @@ import mxmoe
 from mxmoe.core import mxfp4, swizzle
 from mxmoe.core.config import PRESETS
 from mxmoe.core.layouts import CPU_ROWS16
+from mxmoe.compiler.passes.lowering import cpu_ukernel
 from mxmoe.core.reference import numpy_reference, relative_error
 from mxmoe.kernels import cpu as ukernels
 from mxmoe.torch_frontend.moe import MoE
@@ -37,6 +38,12 @@ FORMS = {"mxint8": (1, ukernels.MXINT8_QUANTIZE_SYMBOL, ukernels.ROWS16_SYMBOL, 
 def memref(a: np.ndarray) -> list:
     p = ctypes.c_void_p(a.ctypes.data)
     return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
+
+
+def glu_args(glu: tuple | None, out_dt=np.float32) -> list:
+    """The matmul's trailing epilogue arguments (out_dt: the GLU's output type)."""
+    el = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(np.dtype(out_dt), "bf16")
+    return [ctypes.c_size_t(v) for v in cpu_ukernel.glu_scalars(glu, el)]
 
 
 def _build(flavor: str, tmp_path_factory, *defines: str):
@@ -157,10 +164,13 @@ def test_rows16_layout_round_trip_and_refusals():
         swizzle.rows16_swizzle(v[:, :40])
 
 
-def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0, form="mxint8"):
+def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0, form="mxint8", glu=None,
+               out_dt=np.float32):
     """Every workgroup of one grouped matmul: experts 0.. get ``rows`` rows each, then ``idle`` rows of no
     expert, at the slots of a random permutation (x row s is slot s's); returns (results in sorted order,
-    the sorted rows' activations as the quantizer gave them, float64, and the sorted rows' experts)."""
+    the sorted rows' activations as the quantizer gave them, float64, and the sorted rows' experts). ``glu``:
+    (activation, alpha, limit) of the GLU epilogue (with deinterleave): the results are then its [S, N / 2] of
+    ``out_dt``."""
     E, N, Kh = w.shape
     K = 2 * Kh
     S = sum(rows) + idle
@@ -177,15 +187,17 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0, 
     assert (np.diff(sorted_ids[:sum(rows)]) >= 0).all() and (sorted_ids[sum(rows):] == -1).all()
     xq, xs = c_quantize(lib, np.ascontiguousarray(x[order]), form=form)
     wst, sst = swizzle.rows16_swizzle(w), swizzle.rows16_scales(s)
-    out = np.full((S, N), np.nan, np.float32)
+    out = np.full((S, N // 2 if glu else N), np.nan, np.float32).astype(out_dt if glu else np.float32)
     b = np.zeros(1, np.float32) if bias is None else bias
     fn = getattr(lib, FORMS[form][2])
     for tile in range(-(-N // tile_n)):
         for u in range(int(counts[0]) + 1 + 2):  # two past the last: must return at once
             fn(*memref(xq), *memref(xs), *memref(wst), *memref(sst), *memref(b), *memref(info), *memref(counts),
                *memref(order), *memref(out), ctypes.c_size_t(S), ctypes.c_size_t(N), ctypes.c_size_t(K),
-               ctypes.c_size_t(0 if bias is None else KIND_F32), ctypes.c_size_t(int(deinterleave)),
-               ctypes.c_size_t(tile_n), ctypes.c_size_t(tile), ctypes.c_size_t(u))
+               ctypes.c_size_t(0 if bias is None else KIND_F32), ctypes.c_size_t(1 if deinterleave else 2 if glu else 0),
+               ctypes.c_size_t(tile_n), ctypes.c_size_t(tile), ctypes.c_size_t(u), *glu_args(glu, out_dt))
+    if glu:
+        return out[order], dequantized(xq, xs, FORMS[form][0]), sorted_ids
     if deinterleave:
         out = np.concatenate([out[:, :N // 2, None], out[:, N // 2:, None]], 2).reshape(S, N)
     return out[order], dequantized(xq, xs, FORMS[form][0]), sorted_ids
@@ -259,6 +271,28 @@ def test_matmul_deinterleaves_gate_up_rows(lib, form):
     a, _, _ = run_matmul(lib, x, w, s, None, (2, 3), deinterleave=True, form=form)
     b, _, _ = run_matmul(lib, x, w, s, None, (2, 3), form=form)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("out", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
+def test_glu_epilogue_is_the_reference_glu(lib, form, out, interleaved, glu_io):
+    """The matmul's GLU epilogue (gate/up rows interleaved or in halves, bias; matvec and GEMM passes, an expert with no rows,
+    slots with no expert, a partial last tile) against the reference's rounding and GLU applied to the same
+    matmul's f32 result, for every activation it has; gate and up values reach past the clamps."""
+    rng = np.random.default_rng(11)
+    w = rng.integers(0, 256, (3, 96, 80), dtype=np.uint8)
+    s = rng.integers(121, 126, (3, 96, 5), dtype=np.uint8)
+    bias = rng.standard_normal((3, 96)).astype(np.float32)
+    x = (3 * rng.standard_normal((24, 160))).astype(np.float32)
+    rows = (2, 0, 19)
+    h, _, _ = run_matmul(lib, x, w, s, bias, rows, tile_n=64, idle=3, form=form)
+    assert 0.1 < np.mean(np.abs(h[:21]) > 7) < 0.9  # both sides of the clamps
+    for glu in glu_io.cases:
+        got, _, _ = run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=interleaved, idle=3, form=form, glu=glu,
+                               out_dt=glu_io.dtypes[out])
+        glu_io.check(got[:21], h[:21], glu, interleaved)
+        assert (got[21:].astype(np.float32) == 0).all()  # the slots with no expert
 
 
 # --------------------------------------------------------------------------------------------- layers

@@ -403,8 +403,11 @@ def _slots_sorted(b: Body, k: int, e: int, T: str) -> tuple[str, dict[str, str]]
 
 
 def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                           T: str, exes: tuple[str, str], planes: int = 0) -> str:
-    """Result ``ys`` [T*k, n] f32 by slot (bias added) from two dispatches of the C microkernels.
+                           T: str, exes: tuple[str, str], planes: int = 0,
+                           glu: tuple[str, float, float] | None = None) -> str:
+    """Result ``ys`` [T*k, n] f32 by slot (bias added) from two dispatches of the C microkernels; with ``glu``
+    (the matvec executable's GLU epilogue: :func:`cpu_ukernel.executable_text`) the GLU of it, [T*k, n / 2] of
+    the activation type.
 
     ``exes``: the quantizer's and the matvec's ``stream.executable`` (:func:`cpu_ukernel.quantize_executable_text`
     with div = k for a rank-2 ``x``, 1 for a rank-3 one; :func:`cpu_ukernel.executable_text`). Every used
@@ -420,7 +423,8 @@ def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int,
     else:
         rows, R = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xf"), S
     xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, planes)
-    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, planes)
+    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, planes, glu,
+                                       xel)
 
 
 def grouped_matmul_rows(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,

@@ -29,6 +29,7 @@ weights, adding a row's planes (``kernels/cpu/mxint8_rows16.c``).
 from __future__ import annotations
 
 import re
+import struct
 
 from mxmoe.compiler.passes.lowering.text import Body, tt
 from mxmoe.kernels.cpu import (GROUP_SYMBOL, MATVEC_SYMBOL, MXINT8_QUANTIZE_SYMBOL, MXINT16_QUANTIZE_SYMBOL,
@@ -58,6 +59,9 @@ _SYMBOLS = {0: (QUANTIZE_SYMBOL, MATVEC_SYMBOL), 1: (MXINT8_QUANTIZE_SYMBOL, ROW
 ACTIVATION_TYPES = ("bf16", "f16")
 #: the C kernels' element kinds (activations and biases)
 KINDS = {None: 0, "bf16": 1, "f32": 2, "f16": 3}
+#: GLU activation -> the code of the matmul's GLU epilogue (``kernels/cpu/glu_epilogue.c``); a w13 matmul of
+#: interleaved gate/up rows with one of these writes the GLU's result itself, the others keep the GLU generic
+GLU_CODES = {"swiglu_oai": 1, "silu": 2, "silu_clamped": 3, "gelu_tanh": 4}
 
 
 def pairs(kk: int) -> int:
@@ -114,10 +118,29 @@ def _kind(el: str | None, what: str) -> int:
     return KINDS[el]
 
 
+def glu_scalars(glu: tuple[str, float, float] | None, out_el: str) -> list[int]:
+    """The matmul's epilogue arguments: the GLU code, the bits of its f32 alpha and limit, the output kind (all
+    zero / f32 without a GLU). ``glu``: (activation, alpha, limit) of a fused GLU."""
+    if glu is None:
+        return [0, 0, 0, KINDS["f32"]]
+    act, alpha, limit = glu
+    if act not in GLU_CODES:
+        raise ValueError(f"cpu microkernel: no GLU epilogue for activation '{act}' (has {', '.join(GLU_CODES)})")
+    bits = [struct.unpack("<I", struct.pack("<f", float(val)))[0] for val in (alpha, limit)]
+    return [GLU_CODES[act], *bits, _kind(out_el, "GLU output")]
+
+
+def out_type(n: int, glu: tuple | None, out_el: str, S: str) -> str:
+    """The matmul's result: [S, n] f32, or with a fused GLU [S, n / 2] of the activation type ``out_el``."""
+    return f"{tt([None, n // 2], out_el)}{{{S}}}" if glu else f"{tt([None, n], 'f32')}{{{S}}}"
+
+
 def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                    info: str, ni: str, counts: str, order: str, S: str, planes: int = 0) -> str:
+                    info: str, ni: str, counts: str, order: str, S: str, planes: int = 0,
+                    glu: tuple[str, float, float] | None = None, out_el: str = "f32") -> str:
     """[S, n] f32 by slot (bias added; zero rows for the slots with no expert) from one dispatch of
-    ``@exe::@exe``.
+    ``@exe::@exe``; with ``glu`` (activation, alpha, limit: the executable's epilogue) the GLU of it,
+    [S, n / 2] of ``out_el``.
 
     Expects ``%w`` and ``%s`` in scope; ``info`` [ni] i64, ``counts`` [2] i32 and ``order`` [S] i32 from
     :func:`group_dispatch`.
@@ -132,7 +155,7 @@ def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int
              tt([e, n, kk // 2], "i8"), tt([e, n, kk // 32], "i8"), bias_t, f"{tt([None], 'i64')}{{{ni}}}", tt([2], "i32"),
              f"{tt([None], 'i32')}{{{S}}}", "index"]
     return b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({xq}, {xs}, %w, %s, {bias_v}, {info}, {counts}, {order}, {S}) : "
-               f"({', '.join(types)}) -> {tt([None, n], 'f32')}{{{S}}}", "ys")
+               f"({', '.join(types)}) -> {out_type(n, glu, out_el, S)}", "ys")
 
 
 def _executable(exe: str, obj: str, symbol: str, params: str, memrefs: list[tuple[str, str, str]],
@@ -209,12 +232,18 @@ def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, p
 
 
 def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias_el: str | None,
-                    deinterleave: bool = False, planes: int = 0) -> str:
+                    deinterleave: bool = False, planes: int = 0, glu: tuple[str, float, float] | None = None) -> str:
     """The executable :func:`matvec_dispatch` calls, linking ``obj`` (the built C kernels). ``deinterleave``:
     output column o goes to o / 2 (even o) or n / 2 + o / 2 (odd o), interleaved gate/up rows to halves.
-    ``planes``: the rows16 matmul of rows of that many int8 planes (n a multiple of 16, the layout's row groups)."""
-    if deinterleave and n % 2:
+    ``planes``: the rows16 matmul of rows of that many int8 planes (n a multiple of 16, the layout's row groups).
+    ``glu``: (activation, alpha, limit) of the GLU the kernel applies to gate/up rows, interleaved (with
+    ``deinterleave``) or in halves (without), writing [S, n / 2] of ``x_el`` (the layer's activation type) instead
+    of [S, n] f32."""
+    if (deinterleave or glu) and n % 2:
         raise ValueError(f"cpu microkernel: cannot deinterleave an odd number of outputs ({n})")
+    if glu and not deinterleave and n % 32:
+        raise ValueError(f"cpu microkernel: the GLU epilogue of gate/up halves needs halves of a multiple of 16 "
+                         f"rows, got {n // 2}")
     if planes and n % 16:
         raise ValueError(f"cpu microkernel: the rows16 layout needs outputs in groups of 16, got {n}")
     nb = kk // 32
@@ -223,10 +252,11 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
     (q_el, q_w), s_w = act_buffers(kk, planes)
     memrefs = [("xq", q_el, "%nxq"), ("xs", "f32", "%nxs"), ("w", "i8", f"%c{e * n * kk // 2}"),
                ("s", "i8", f"%c{e * n * nb}"), ("bias", bias_el or "f32", f"%c{bias_len}"),
-               ("info", "i64", "%ni"), ("counts", "i32", "%c2"), ("order", "i32", "%S"), ("out", "f32", "%nout")]
+               ("info", "i64", "%ni"), ("counts", "i32", "%c2"), ("order", "i32", "%S"),
+               ("out", x_el if glu else "f32", "%nout")]
     prelude = ["%tile = hal.interface.workgroup.id[0] : index", "%u = hal.interface.workgroup.id[1] : index",
                f"%nxq = arith.muli %S, %c{q_w} : index", f"%nxs = arith.muli %S, %c{s_w} : index",
-               f"%nout = arith.muli %S, %c{n} : index"] + _info_lines(e)
+               f"%nout = arith.muli %S, %c{n // 2 if glu else n} : index"] + _info_lines(e)
     # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
     # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
     tile_n = TILE_N_INT8 if planes else TILE_N
@@ -237,15 +267,17 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
             "stream.return %tiles, %slots, %one : index, index, index"]
     act = [] if planes else [f"%c{_kind(x_el, 'activation')}"]  # the int8 matmuls read one activation form
     return _executable(exe, obj, _SYMBOLS[planes][1], "%S: index", memrefs,
-                       ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{int(deinterleave)}",
-                        f"%c{tile_n}", "%tile", "%u"], prelude, grid)
+                       ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{1 if deinterleave else 2 if glu else 0}",
+                        f"%c{tile_n}", "%tile", "%u", *(f"%c{v}" for v in glu_scalars(glu, x_el))], prelude, grid)
 
 
 def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: int, bias_el: str | None,
-                deinterleave: bool, planes: int = 0) -> tuple[tuple[str, str, str], list[str]]:
+                deinterleave: bool, planes: int = 0, glu: tuple[str, float, float] | None = None
+                ) -> tuple[tuple[str, str, str], list[str]]:
     """The names (group, quantize, matvec) and texts of the three executables one grouped matmul
-    (function ``fname``) dispatches; ``planes``: a rows16 form (:data:`PLANES`)."""
+    (function ``fname``) dispatches; ``planes``: a rows16 form (:data:`PLANES`); ``glu``: the matvec's GLU
+    epilogue (:func:`executable_text`)."""
     names = (f"{fname}_group", f"{fname}_quantize", f"{fname}_ukernel")
     return names, [group_executable_text(names[0], obj, e),
                    quantize_executable_text(names[1], obj, kk, x_el, div, planes),
-                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, planes)]
+                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, planes, glu)]

@@ -7,7 +7,7 @@
 // and the two-plane symbols:
 // RUN: mxmoe-opt %s --passes='mxmoe-lower-to-linalg{ukernel=/objects/mxfp4_matvec.o,activations=mxint16}' | filecheck %s --check-prefix=X2
 // X2: call @mxmoe_mxint16_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64, %c1, %c2, %{{.+}}, %workgroup_id_x)
-// X2: call @mxmoe_rows16x2_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y)
+// X2: call @mxmoe_rows16x2_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y, %c0, %c0, %c0, %c2)
 // X2: flow.dispatch @{{.+}} -> (tensor<?x128xi8>{%{{.+}}}, tensor<?x8xf32>{%{{.+}}})
 // X2: flow.dispatch @{{.+}}(%{{.+}}#0, %{{.+}}#1, %{{.+}}) : (tensor<?x128xi8>{%{{.+}}}, tensor<?x8xf32>{%{{.+}}},
 // No linalg form reads the layout: without the object the pass refuses it, by name.
@@ -24,9 +24,9 @@ util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_r
 // rows of x [T, 2, 64] f32 (kind 2), one per slot (div 1):
 // CHECK: call @mxmoe_mxint8_quantize_rows(%{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %c64, %c1, %c2, %{{.+}}, %workgroup_id_x)
 // CHECK: stream.executable private @[[EXE:mxmoe_grouped_matmul_combine_[0-9a-f]+_ukernel]]
-// CHECK: func.func private @mxmoe_rows16_grouped_matvec(memref<?xi8>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xf32>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index, index) attributes {hal.import.static}
-// S, N 96, K 64, no bias (kind 0), no deinterleave, tiles of 128 (TILE_N_INT8):
-// CHECK: call @mxmoe_rows16_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y)
+// CHECK: func.func private @mxmoe_rows16_grouped_matvec(memref<?xi8>, memref<?xf32>, memref<?xi8>, memref<?xi8>, memref<?xf32>, memref<?xi64>, memref<?xi32>, memref<?xi32>, memref<?xf32>, index, index, index, index, index, index, index, index, index, index, index, index) attributes {hal.import.static}
+// S, N 96, K 64, no bias (kind 0), no deinterleave, tiles of 128 (TILE_N_INT8), no epilogue (f32 out, kind 2):
+// CHECK: call @mxmoe_rows16_grouped_matvec({{(%[0-9]+, )+}}%arg9, %c96, %c64, %c0, %c0, %c128, %workgroup_id_x, %workgroup_id_y, %c0, %c0, %c0, %c2)
 
 // CHECK-LABEL: func.func private @mxmoe_grouped_matmul_combine_
 // CHECK-NOT: scf.for
