@@ -393,7 +393,7 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
             # applies the GLU itself (its epilogue has the activation), rounding where the reference rounds
             deinterleave = bool(interleaved)
             interleaved = interleaved and not deinterleave
-            if v.name == "mxmoe.grouped_matmul_glu" and v.attr("activation") in cpu_ukernel.GLU_CODES:
+            if v.name == "mxmoe.grouped_matmul_glu" and cpu_ukernel.applies_glu(v.attr("activation"), n):
                 glu = (v.attr("activation"), v.attr("alpha"), v.attr("limit"))
             exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
                                                   bias[1] if bias else None, deinterleave, planes, glu)

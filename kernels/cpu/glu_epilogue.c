@@ -5,15 +5,16 @@
  * rounds the result to the activation type.  With the epilogue on, the matmul does those steps on a row's gate
  * and up values while they are in cache and writes [S, n / 2] of the activation type, instead of [S, n] f32 that
  * a generic dispatch reads back (at 512 tokens of gpt-oss-20b that dispatch alone took 7.4 ms of a 186 ms call,
- * bound by its strided reads; docs/cpu.md).  It pairs gate row 2j with up row 2j + 1 (interleaved w13: every
- * output tile of an even number of rows holds whole pairs); the lowering keeps the generic for other layers.
+ * bound by its strided reads; docs/cpu.md).  Each output tile holds whole (gate, up) pairs: rows 2j and 2j + 1 of
+ * an interleaved w13, rows j and n / 2 + j of one in halves (weight_row in mxfp4_matvec.c); the lowering keeps the
+ * generic for the activations not here.
  *
  * 8 lanes (AVX2 + FMA + F16C), the same code in both flavors.  The activations as the lowering's generic writes
  * them (compiler/passes/lower_to_linalg.py, _glu_apply): the clamps propagate NaN (minimumf / maximumf), the
- * sigmoid is 1 / (1 + exp(-z)) with a true division, tanh(y) = 1 - 2 / (exp(2y) + 1).  exp: Cody-Waite reduction by
- * ln 2 and a degree-6 polynomial (the Cephes coefficients, ~1 ulp), the power of two applied in two halves so
- * that results down to the subnormals and up to FLT_MAX come out right; inf above 88.72.  Gelu with erf is not
- * here (the lowering keeps the generic for it).
+ * sigmoid is 1 / (1 + exp(-z)) with a true division, tanh(y) = sign(y) (1 - 2 / (exp(2|y|) + 1)).  exp: Cody-Waite
+ * reduction by ln 2 and a degree-6 polynomial (the Cephes coefficients, ~1 ulp), the power of two applied in two
+ * halves so that results down to the subnormals and up to FLT_MAX come out right; inf above 88.72.  Gelu with erf
+ * is not here (the lowering keeps the generic for it).
  */
 
 /* the epilogue's activation codes (the lowering passes them; GLU_NONE: write h as f32, no GLU) */
@@ -115,25 +116,14 @@ static inline __m256 glu8(__m256 g, __m256 u, const glu_t *p) {
   return p->act == GLU_SWIGLU_OAI ? _mm256_mul_ps(_mm256_add_ps(u, one), glu) : _mm256_mul_ps(u, glu);
 }
 
-/* cnt outputs of one row: gate[i] + gbias[i] and up[i] + ubias[i] rounded to the activation type, their GLU
- * stored at dst (the activation type) */
+/* cnt outputs of one row (a multiple of 8: the lowering asks for the epilogue where n is a multiple of 32, so
+ * every tile's run of pairs is): gate[i] + gbias[i] and up[i] + ubias[i] rounded to the activation type, their
+ * GLU stored at dst (the activation type) */
 static void glu_row(const glu_t *p, const float *gate, const float *up, const float *gbias, const float *ubias,
                     size_t cnt, char *dst) {
-  const size_t esize = p->kind == KIND_F32 ? 4 : 2;
-  size_t i = 0;
-  for (; i + 8 <= cnt; i += 8) {
+  for (size_t i = 0; i < cnt; i += 8) {
     const __m256 g = round_to_kind(_mm256_add_ps(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(gbias + i)), p->kind);
     const __m256 u = round_to_kind(_mm256_add_ps(_mm256_loadu_ps(up + i), _mm256_loadu_ps(ubias + i)), p->kind);
-    store8_kind(dst + i * esize, glu8(g, u, p), p->kind);
+    store8_kind(dst + i * kind_size(p->kind), glu8(g, u, p), p->kind);
   }
-  if (i == cnt) return;
-  float g8[8] = {0}, u8[8] = {0};
-  char out8[32];
-  for (size_t j = i; j < cnt; ++j) {
-    g8[j - i] = gate[j] + gbias[j];
-    u8[j - i] = up[j] + ubias[j];
-  }
-  store8_kind(out8, glu8(round_to_kind(_mm256_loadu_ps(g8), p->kind), round_to_kind(_mm256_loadu_ps(u8), p->kind), p),
-              p->kind);
-  for (size_t b = 0; b < (cnt - i) * esize; ++b) dst[i * esize + b] = out8[b];
 }

@@ -55,6 +55,9 @@
 /* element kinds of activations and biases (the lowering passes these codes) */
 enum { KIND_NONE = 0, KIND_BF16 = 1, KIND_F32 = 2, KIND_F16 = 3 };
 
+/* bytes per element of a kind (a bias of KIND_NONE is never read) */
+static inline size_t kind_size(size_t kind) { return kind == KIND_F32 ? 4 : 2; }
+
 /* 2 x the e2m1 value of the codes 0..15 */
 #define E2M1_X2 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 
@@ -498,7 +501,7 @@ static void bgemm_4x4t(const __m512i *w, size_t np, const uint16_t *x, size_t xr
 void mxmoe_mxfp4_quantize_rows(MEMREF(const void, x), MEMREF(const int32_t, order),
                                MEMREF(const int32_t, counts), MEMREF(int16_t, xq), MEMREF(float, xs), size_t k,
                                size_t div, size_t x_kind, size_t rows_per_wg, size_t wg) {
-  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)AT(counts)[1];
+  const size_t nb = k / 32, esize = kind_size(x_kind), rows = (size_t)AT(counts)[1];
   const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
   for (size_t p = wg * rows_per_wg; p < p1; ++p) {
     const char *src = (const char *)AT(x) + (size_t)AT(order)[p] / div * k * esize;
@@ -537,13 +540,18 @@ typedef struct {
 static void zero_outputs(void *out, size_t slot, size_t n, size_t n0, size_t n1, size_t deinterleave,
                          const glu_t *glu) {
   if (glu->act != GLU_NONE) {
-    const size_t esize = glu->kind == KIND_F32 ? 4 : 2;
+    const size_t esize = kind_size(glu->kind);
     char *row = (char *)out + slot * (n / 2) * esize;
     for (size_t b = n0 / 2 * esize; b < n1 / 2 * esize; ++b) row[b] = 0;
     return;
   }
   float *row = (float *)out + slot * n;
   for (size_t o = n0; o < n1; ++o) row[out_col(o, n, deinterleave)] = 0.0f;
+}
+
+/* where row r's GLU output col goes: column col of its slot's n / 2-wide row of glu.kind */
+static inline char *glu_out(const item_t *it, size_t r, size_t col) {
+  return (char *)it->out + ((size_t)it->slot[r] * (it->n / 2) + col) * kind_size(it->glu.kind);
 }
 
 /* the weight (and bias) row of output o: o, or with gate/up halves (GLU epilogue of a w13 whose gate rows come
@@ -570,7 +578,7 @@ static ptrdiff_t work_item(item_t *it, const uint8_t *w, const uint8_t *s, const
   const uint64_t pk = (uint64_t)info[2 * u + 1];
   const size_t id = pk & 0xFFFFFFFFu, nb = k / 32;
   *it = (item_t){w + id * n * (k / 2), s + id * n * nb,
-                 (const char *)bias + id * n * (bias_kind == KIND_F32 ? 4 : 2), bias_kind, n, nb, deinterleave,
+                 (const char *)bias + id * n * kind_size(bias_kind), bias_kind, n, nb, deinterleave,
                  pk >> 32, n0, n1, pairs == 2, order + first, ys, glu};
   return (ptrdiff_t)first;
 }
@@ -587,13 +595,12 @@ static inline size_t tile_pos(const item_t *it, size_t o) {
 static void write_tile(const item_t *it, float (*buf)[MAX_TILE_N]) {
   const size_t m = it->n1 - it->n0;
   float bias[MAX_TILE_N];
-  for (size_t o = it->n0; o < it->n1; ++o) bias[tile_pos(it, o)] = bias_value(it->bias, it->bias_kind, weight_row(it, o));
+  for (size_t o = it->n0; o < it->n1; ++o)
+    bias[tile_pos(it, o)] = bias_value(it->bias, it->bias_kind, weight_row(it, o));
   const size_t run = it->deinterleave ? m / 2 : m;
   if (it->glu.act != GLU_NONE) {
-    const size_t esize = it->glu.kind == KIND_F32 ? 4 : 2;
     for (size_t r = 0; r < it->rows; ++r)
-      glu_row(&it->glu, buf[r], buf[r] + run, bias, bias + run, run,
-              (char *)it->out + ((size_t)it->slot[r] * (it->n / 2) + it->n0 / 2) * esize);
+      glu_row(&it->glu, buf[r], buf[r] + run, bias, bias + run, run, glu_out(it, r, it->n0 / 2));
     return;
   }
   /* output columns of the tile's first run, and of its second (deinterleave: the odd outputs) */
@@ -689,7 +696,7 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
 #endif
 
 /* the out memref's first element: f32, or with the GLU epilogue the activation type's */
-#define OUT_AT(out, glu) ((void *)(out + out##_off * ((glu).act != GLU_NONE && (glu).kind != KIND_F32 ? 2 : 4)))
+#define OUT_AT(out, glu) ((void *)(out + out##_off * ((glu).act != GLU_NONE ? kind_size((glu).kind) : 4)))
 
 /* xq, xs: prepared rows in sorted order (mxmoe_mxfp4_quantize_rows, x_kind as given to it); w: [E, n,
  * k / 2]; s: [E, n, k / 32]; bias: [E, n] of bias_kind; info, counts: the work items of
@@ -698,9 +705,9 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
  * outputs of the slots with no expert (sorted rows nvalid..S).  With `deinterleave` (n even) output o goes
  * to column o / 2 + (o odd ? n / 2 : 0): interleaved gate/up rows come out as [gate | up] halves, which
  * the GLU that follows reads with unit stride (`deinterleave` 1).  With glu != GLU_NONE the GLU epilogue
- * (glu_epilogue.c) writes out [S, n / 2] of out_kind instead (tile_n even): of interleaved gate/up rows
- * (`deinterleave` 1) or of gate rows [0, n / 2) and up rows [n / 2, n) (`deinterleave` 2, tile_n a multiple of 32:
- * weight_row); glu_alpha and glu_limit are the bits of the activation's f32 parameters. */
+ * (glu_epilogue.c) writes out [S, n / 2] of out_kind instead (n and tile_n multiples of 32): of interleaved gate/up
+ * rows (`deinterleave` 1) or of gate rows [0, n / 2) and up rows [n / 2, n) (`deinterleave` 2: weight_row);
+ * glu_alpha and glu_limit are the bits of the activation's f32 parameters. */
 void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, xs),
                                 MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
                                 MEMREF(const void, bias), MEMREF(const int64_t, info),

@@ -109,7 +109,7 @@ static void mx_row(const void *x, size_t kind, size_t k, size_t planes, int8_t *
  * the first counts[1] (the valid slots, mxmoe_group_slots). */
 static void mx_quantize_rows(const void *x, const int32_t *order, const int32_t *counts, int8_t *xq, float *xs,
                              size_t k, size_t div, size_t x_kind, size_t rows_per_wg, size_t wg, size_t planes) {
-  const size_t nb = k / 32, esize = x_kind == KIND_F32 ? 4 : 2, rows = (size_t)counts[1];
+  const size_t nb = k / 32, esize = kind_size(x_kind), rows = (size_t)counts[1];
   const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
   for (size_t p = wg * rows_per_wg; p < p1; ++p) {
     const char *src = (const char *)x + (size_t)order[p] / div * k * esize;
@@ -335,8 +335,7 @@ static inline void store16(const item_t *it, size_t o0, const float *bias, size_
       gb[i] = bias[2 * i];
       ub[i] = bias[2 * i + 1];
     }
-    const size_t esize = it->glu.kind == KIND_F32 ? 4 : 2;
-    glu_row(&it->glu, gate, up, gb, ub, 8, (char *)it->out + ((size_t)it->slot[r] * (it->n / 2) + o0 / 2) * esize);
+    glu_row(&it->glu, gate, up, gb, ub, 8, glu_out(it, r, o0 / 2));
     return;
   }
   float *row = (float *)it->out + (size_t)it->slot[r] * it->n;
@@ -447,13 +446,13 @@ static void item_rows16(const item_t *it, const int8_t *xq0, const float *xs0, s
   if (try_fast) xs_field_range(xs0, xs_row, nb, planes * rows, &xlo, &xhi);
   float res[MAX_ITEM_ROWS][16], bias[16];
   if (it->halves) {
-    const size_t half = it->n / 2, esize = it->glu.kind == KIND_F32 ? 4 : 2;
+    const size_t half = it->n / 2;
     float up[MAX_ITEM_ROWS][16], ubias[16];
     for (size_t o0 = it->n0; o0 < it->n1; o0 += 32) {
       group_rows16(it, o0 / 2, xq0, xs0, planes, try_fast, xlo, xhi, bias, res);
       group_rows16(it, half + o0 / 2, xq0, xs0, planes, try_fast, xlo, xhi, ubias, up);
       for (size_t r = 0; r < rows; ++r)
-        glu_row(&it->glu, res[r], up[r], bias, ubias, 16, (char *)it->out + ((size_t)it->slot[r] * half + o0 / 2) * esize);
+        glu_row(&it->glu, res[r], up[r], bias, ubias, 16, glu_out(it, r, o0 / 2));
     }
     return;
   }

@@ -59,9 +59,12 @@ _SYMBOLS = {0: (QUANTIZE_SYMBOL, MATVEC_SYMBOL), 1: (MXINT8_QUANTIZE_SYMBOL, ROW
 ACTIVATION_TYPES = ("bf16", "f16")
 #: the C kernels' element kinds (activations and biases)
 KINDS = {None: 0, "bf16": 1, "f32": 2, "f16": 3}
-#: GLU activation -> the code of the matmul's GLU epilogue (``kernels/cpu/glu_epilogue.c``); a w13 matmul of
-#: interleaved gate/up rows with one of these writes the GLU's result itself, the others keep the GLU generic
+#: GLU activation -> the code of the matmul's GLU epilogue (``kernels/cpu/glu_epilogue.c``); a w13 matmul with
+#: one of these writes the GLU's result itself (:func:`applies_glu`), the others keep the GLU generic
 GLU_CODES = {"swiglu_oai": 1, "silu": 2, "silu_clamped": 3, "gelu_tanh": 4}
+#: the epilogue's output tiles hold whole runs of 8 (gate, up) pairs in either gate/up order: n a multiple of this
+#: (the cpu target pads I to a multiple of 32, so every padded w13 qualifies)
+GLU_MULTIPLE = 32
 
 
 def pairs(kk: int) -> int:
@@ -116,6 +119,11 @@ def _kind(el: str | None, what: str) -> int:
     if el not in KINDS:
         raise ValueError(f"cpu microkernel: {what} element type {el} is not supported (bf16, f16, f32)")
     return KINDS[el]
+
+
+def applies_glu(activation: str, n: int) -> bool:
+    """Whether the matvec of a w13 of ``n`` rows applies the GLU ``activation`` itself (its epilogue)."""
+    return activation in GLU_CODES and n % GLU_MULTIPLE == 0
 
 
 def glu_scalars(glu: tuple[str, float, float] | None, out_el: str) -> list[int]:
@@ -239,11 +247,10 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
     ``glu``: (activation, alpha, limit) of the GLU the kernel applies to gate/up rows, interleaved (with
     ``deinterleave``) or in halves (without), writing [S, n / 2] of ``x_el`` (the layer's activation type) instead
     of [S, n] f32."""
-    if (deinterleave or glu) and n % 2:
+    if deinterleave and n % 2:
         raise ValueError(f"cpu microkernel: cannot deinterleave an odd number of outputs ({n})")
-    if glu and not deinterleave and n % 32:
-        raise ValueError(f"cpu microkernel: the GLU epilogue of gate/up halves needs halves of a multiple of 16 "
-                         f"rows, got {n // 2}")
+    if glu and n % GLU_MULTIPLE:
+        raise ValueError(f"cpu microkernel: the GLU epilogue needs outputs in multiples of {GLU_MULTIPLE}, got {n}")
     if planes and n % 16:
         raise ValueError(f"cpu microkernel: the rows16 layout needs outputs in groups of 16, got {n}")
     nb = kk // 32
