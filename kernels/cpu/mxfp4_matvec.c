@@ -33,16 +33,16 @@
  * a multiple of 8 blocks: the kernel reads the scales of 4 pairs at once.
  *
  * bf16 path (avx512bf16 flavor, bf16 activations): exact.  The activations are the bf16 values
- * themselves, only reordered per pair to the order the decode produces ([block 2p values 0..15 | block
- * 2p+1 values 0..15 | block 2p values 16..31 | block 2p+1 values 16..31], 64 bf16 in the int16 buffer
- * xq; xs is not used).  The 32 weight bytes of a pair widen to 32 words (vpmovzxbw); each nibble, plus 16
- * for the second block, indexes (vpermw) a 32-entry table of the e2m1 values as bf16 whose exponents
- * have the block's scale added (value x 2^(s - 127) is an exact bf16 for scale bytes 2..252; a row whose
- * scales leave that range takes an f32 decode, exact up to bf16 subnormals, NaN for byte 255), so the
+ * themselves, only reordered to the order the decode produces (per quad of 4 blocks, four planes of 32 values,
+ * one nibble of each of the quad's 32 weight words; the last nb % 4 blocks per pair: "The bf16 path's order"
+ * below; 64 bf16 per pair in the int16 buffer xq; xs is not used).  Each nibble indexes (vpermw, vpermt2w) a
+ * table of the e2m1 values as bf16, whose exponents the GEMM's decode has the block's scale added to (value x
+ * 2^(s - 127) is an exact bf16 for scale bytes 2..252; a row whose scales leave that range takes an f32 decode,
+ * exact up to bf16 subnormals, NaN for byte 255) and the matvec applies in f32 to each quad's sums, so the
  * products are exact and vdpbf16ps accumulates them in f32: the only rounding is the f32 accumulation,
- * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded pair stays in
+ * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded quad stays in
  * registers and meets each row (the matvec); more rows: 4 weight rows are decoded to a buffer once and a
- * 4 x 6 register block of dot products runs over them (the GEMM), so the decode is shared by every row.
+ * 4 x 4 register block of dot products runs over them (the GEMM), so the decode is shared by every row.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -311,10 +311,36 @@ static const float E2M1_F32[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0
 /* table entries of the codes +-0, which keep their bits whatever the scale */
 #define NONZERO_CODES 0xFEFEFEFEu
 
-/* One row of k bf16 activations -> the order the decode produces (see the top of the file). */
+/* The bf16 path's order of a row's values (the packed activations, and the weights the GEMM decodes): each quad
+ * of whole blocks 4j..4j+3 (64 weight bytes) is four planes of 32 values.  Read as 32 words, the quad's bytes give
+ * word i = bytes 2i and 2i + 1 (block 4j + i / 8, its values c and c + 16 in the first byte, c + 1 and c + 17 in
+ * the second, c = 2 (i % 8)); its four nibbles, low first, are word i of planes 0..3.  So a plane is one shift and
+ * one vpermw of the quad's bytes, and f32 lane l of every plane's dot product sums values of block 4j + l / 4.  The
+ * last nb % 4 blocks go in pairs: [block 2p values 0..15 | block 2p + 1 values 0..15] then values 16..31 (zeros
+ * for a missing second block), a pair's bytes widened to words (vpmovzxbw) and each nibble looked up. */
+static inline size_t row_quads(size_t nb) { return nb / 4; }
+
+/* word i of plane n of a quad is word QUAD_PACK[i] + n / 2 + 16 (n % 2) of the quad's blocks 2 (i / 16) and
+ * 2 (i / 16) + 1 side by side (64 words) */
+static const uint16_t QUAD_PACK[32] = {0, 2, 4, 6, 8, 10, 12, 14, 32, 34, 36, 38, 40, 42, 44, 46,
+                                       0, 2, 4, 6, 8, 10, 12, 14, 32, 34, 36, 38, 40, 42, 44, 46};
+
+/* One row of k bf16 activations -> the order above. */
 static void pack_row_bf16(const uint16_t *x, size_t k, uint16_t *dst) {
-  const size_t nb = k / 32, np = row_pairs(nb);
-  for (size_t p = 0; p < np; ++p) {
+  const size_t nb = k / 32, nq = row_quads(nb), np = row_pairs(nb);
+  const __m512i base = _mm512_loadu_si512((const void *)QUAD_PACK);
+  for (size_t j = 0; j < nq; ++j) {
+    const uint16_t *src = x + 128 * j;
+    const __m512i b0 = _mm512_loadu_si512((const void *)src), b1 = _mm512_loadu_si512((const void *)(src + 32));
+    const __m512i b2 = _mm512_loadu_si512((const void *)(src + 64)), b3 = _mm512_loadu_si512((const void *)(src + 96));
+    for (int n = 0; n < 4; ++n) {
+      const __m512i idx = _mm512_add_epi16(base, _mm512_set1_epi16((short)((n >> 1) + 16 * (n & 1))));
+      _mm512_storeu_si512((void *)(dst + 128 * j + 32 * n),
+                          _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_permutex2var_epi16(b0, idx, b1),
+                                                  _mm512_permutex2var_epi16(b2, idx, b3)));
+    }
+  }
+  for (size_t p = 2 * nq; p < np; ++p) {
     const __m512i a = _mm512_loadu_si512((const void *)(x + 64 * p));
     const __m512i b = 2 * p + 1 < nb ? _mm512_loadu_si512((const void *)(x + 64 * p + 32)) : _mm512_setzero_si512();
     _mm512_storeu_si512((void *)(dst + 64 * p), _mm512_shuffle_i64x2(a, b, 0x44));
@@ -332,14 +358,20 @@ static inline __m512i scale_adders(const uint8_t *srow, size_t nb, size_t b0, in
   return _mm512_slli_epi16(_mm512_sub_epi16(sv, _mm512_set1_epi16(127)), 7);
 }
 
+/* the e2m1 table with the scales of two blocks applied: entries 0..15 get adder word ia (words 0..15 of ia), 16..31
+ * adder word ia's words 16..31 (the codes +-0 keep their bits) */
+static inline __m512i scaled_table(__m512i adders, __m512i ia) {
+  const __m512i base = _mm512_loadu_si512((const void *)E2M1_BF16);
+  return _mm512_mask_add_epi16(base, NONZERO_CODES, base, _mm512_permutexvar_epi16(ia, adders));
+}
+
 /* Pair p of a row (32 weight bytes at wp; only 16 when `lone`) -> lo = [block 2p values 0..15 | block
  * 2p+1 values 0..15], hi = the values 16..31, bf16 with the scales applied.  idx selects the pair's two
  * adders: words 0..15 = 2j, 16..31 = 2j + 1 for the j-th pair of the adders' group. */
 static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders, __m512i idx, __m512i *lo,
                                     __m512i *hi) {
-  const __m512i base = _mm512_loadu_si512((const void *)E2M1_BF16);
   const __m512i sel = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 16);
-  const __m512i tab = _mm512_mask_add_epi16(base, NONZERO_CODES, base, _mm512_permutexvar_epi16(idx, adders));
+  const __m512i tab = scaled_table(adders, idx);
   const __m256i raw = lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp);
   const __m512i v = _mm512_cvtepu8_epi16(raw);
   /* (v & 15) | sel; the high nibble is v >> 4 (< 16 after the zero extension) | sel */
@@ -349,50 +381,80 @@ static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders,
   *hi = _mm512_permutexvar_epi16(ihi, tab);
 }
 
+/* The quad of blocks 4t..4t+3 of the adders' group (64 weight bytes at wp) -> its four planes, bf16 with the
+ * scales applied: one 64-entry table of the four blocks (vpermt2w), a plane's word i indexing block i / 8's part. */
+static inline void decode_quad_bf16(const uint8_t *wp, __m512i adders, size_t t, __m512i out[4]) {
+  const __m512i two = _mm512_mask_set1_epi16(_mm512_set1_epi16((short)(4 * t)), 0xFFFF0000u, (short)(4 * t + 1));
+  const __m512i tab_a = scaled_table(adders, two), tab_b = scaled_table(adders, _mm512_add_epi16(two, _mm512_set1_epi16(2)));
+  const __m512i sel = _mm512_set_epi64(0x0030003000300030, 0x0030003000300030, 0x0020002000200020, 0x0020002000200020,
+                                       0x0010001000100010, 0x0010001000100010, 0, 0);
+  const __m512i v = _mm512_loadu_si512((const void *)wp), low4 = _mm512_set1_epi16(0x0F);
+  for (int n = 0; n < 4; ++n) /* (v >> 4n & 15) | sel */
+    out[n] = _mm512_permutex2var_epi16(tab_a, _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4 * n), low4, sel, 0xEA),
+                                       tab_b);
+}
+
 /* e8m0 byte -> f32 2^(b - 127), exactly: 0 is the subnormal 2^-127, 255 NaN */
 static inline float e8m0(uint8_t b) {
   union { uint32_t u; float f; } v = {b == 0 ? 0x00400000u : b == 255 ? 0x7FC00000u : (uint32_t)b << 23};
   return v.f;
 }
 
-/* the same through f32 (value x scale in f32, then rounded to bf16: exact but for bf16 subnormals, which
- * vcvtne2ps2bf16 flushes; NaN for a NaN scale): rows with scale bytes outside 2..252 */
-static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, int lone, __m512i *lo, __m512i *hi) {
-  const __m512 tab = _mm512_loadu_ps(E2M1_F32);
-  __m512 l[2], h[2];
-  for (int b = 0; b < 2; ++b) {
-    if (b == 1 && lone) {
-      l[1] = h[1] = _mm512_setzero_ps();
-      break;
-    }
-    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wp + 16 * b)));
-    const __m512 sc = _mm512_set1_ps(e8m0(sp[b]));
-    l[b] = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), sc);
-    h[b] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), sc);
-  }
-  *lo = (__m512i)_mm512_cvtne2ps_pbh(l[1], l[0]);
-  *hi = (__m512i)_mm512_cvtne2ps_pbh(h[1], h[0]);
+/* bf16 x f32 scale, rounded back to bf16 (exact but for bf16 subnormals, which vcvtne2ps2bf16 flushes; NaN for a
+ * NaN scale): the two halves of 32 words with their own scales */
+static inline __m512i scale_exact(__m512i v, __m512 s_lo, __m512 s_hi) {
+  const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+  const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, s_hi), _mm512_mul_ps(lo, s_lo));
 }
 
-/* every pair of a weight row, decoded: calls BODY(p, lo, hi) in order */
-#define FOR_EACH_PAIR(wrow, srow, nb, BODY)                                                              \
-  do {                                                                                                 \
-    const size_t np_ = row_pairs(nb);                                                                  \
-    const __m512i idx0_ = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 1);             \
-    for (size_t g_ = 0; g_ < np_; g_ += 16) {                                                          \
-      int special_;                                                                                    \
-      const __m512i adders_ = scale_adders(srow, nb, 2 * g_, &special_);                               \
-      const size_t ge_ = g_ + 16 < np_ ? g_ + 16 : np_;                                                \
-      __m512i idx_ = idx0_;                                                                            \
-      for (size_t p = g_; p < ge_; ++p, idx_ = _mm512_add_epi16(idx_, _mm512_set1_epi16(2))) {         \
-        __m512i lo, hi;                                                                                \
-        const int lone_ = 2 * p + 1 == (nb);                                                           \
-        if (special_) decode_pair_bf16_exact((wrow) + 32 * p, (srow) + 2 * p, lone_, &lo, &hi);        \
-        else decode_pair_bf16((wrow) + 32 * p, lone_, adders_, idx_, &lo, &hi);                        \
-        BODY;                                                                                          \
-      }                                                                                                \
-    }                                                                                                  \
-  } while (0)
+/* two blocks' scales as 8 + 8 lanes */
+static inline __m512 two_scales(const uint8_t *sp) {
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(sp[0])), _mm512_set1_ps(e8m0(sp[1])));
+}
+
+/* decode_pair_bf16 and decode_quad_bf16 through f32, for rows with scale bytes outside 2..252 */
+static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, int lone, __m512i *lo, __m512i *hi) {
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);
+  const __m256i raw = lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp);
+  const __m512i v = _mm512_cvtepu8_epi16(raw);
+  const __m512 s0 = _mm512_set1_ps(e8m0(sp[0])), s1 = _mm512_set1_ps(lone ? 0.0f : e8m0(sp[1]));
+  *lo = scale_exact(_mm512_permutexvar_epi16(v, tab), s0, s1);
+  *hi = scale_exact(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab), s0, s1);
+}
+static inline void decode_quad_bf16_exact(const uint8_t *wp, const uint8_t *sp, __m512i out[4]) {
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16), v = _mm512_loadu_si512((const void *)wp);
+  const __m512 s01 = two_scales(sp), s23 = two_scales(sp + 2);
+  for (int n = 0; n < 4; ++n) out[n] = scale_exact(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * n), tab), s01, s23);
+}
+
+/* A weight row of nb blocks decoded to dst (2 row_pairs(nb) vectors, the order above) with its scales applied,
+ * for the GEMM; the bytes of the row at `next` are fetched meanwhile (the decode otherwise waits for DRAM at every
+ * row). */
+static void decode_row_bf16(const uint8_t *wrow, const uint8_t *srow, size_t nb, const char *next, __m512i *dst) {
+  const size_t nq = row_quads(nb), np = row_pairs(nb);
+  for (size_t g = 0; g < nq; g += 8) { /* 8 quads share a group of 32 adders */
+    int special;
+    const __m512i adders = scale_adders(srow, nb, 4 * g, &special);
+    const size_t ge = g + 8 < nq ? g + 8 : nq;
+    for (size_t j = g; j < ge; ++j) {
+      _mm_prefetch(next + 64 * j, _MM_HINT_T0);
+      if (special) decode_quad_bf16_exact(wrow + 64 * j, srow + 4 * j, dst + 4 * j);
+      else decode_quad_bf16(wrow + 64 * j, adders, j - g, dst + 4 * j);
+    }
+  }
+  if (2 * nq < np) { /* the last 1-3 blocks */
+    int special;
+    const __m512i adders = scale_adders(srow, nb, 4 * nq, &special);
+    __m512i idx = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 1);
+    _mm_prefetch(next + 64 * nq, _MM_HINT_T0);
+    for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi16(idx, _mm512_set1_epi16(2))) {
+      const int lone = 2 * p + 1 == nb;
+      if (special) decode_pair_bf16_exact(wrow + 32 * p, srow + 2 * p, lone, dst + 2 * p, dst + 2 * p + 1);
+      else decode_pair_bf16(wrow + 32 * p, lone, adders, idx, dst + 2 * p, dst + 2 * p + 1);
+    }
+  }
+}
 
 
 /* the f32 scales of blocks [b0, b0 + 16) of a row with nb blocks, exactly (0: 2^-127, 255: NaN; blocks at or
@@ -408,44 +470,89 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
   return _mm512_castsi512_ps(v);
 }
 
-/* matvec: R (1..4) packed activation rows (stride xrow elements) against one weight row decoded in
- * registers.  The e2m1 values come from a constant table (vpermw's index is the byte's low 5 bits, and the
- * table repeats every 16 entries, so the low nibble needs no mask), and the block scales are applied to
- * each pair's two block sums in f32 (one fma per row and pair): fewer ops per pair than the GEMM's scaled
- * table when few rows share the decode (R = 1: 2.0-2.4 vs 2.8-3.6 ns per pair, one thread, L1-resident
- * weights, interleaved), and exact for every scale byte. */
-#define BDOT_ROWS(R)                                                                                  \
-  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,   \
-                             size_t xrow, float *res) {                                                \
-    const size_t np = row_pairs(nb);                                                                   \
-    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);                                   \
-    const __m512i idx0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);              \
-    __m512 acc[R];                                                                                     \
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                          \
-    for (size_t g = 0; g < np; g += 8) {                                                               \
-      const __m512 sv = scales16(srow, nb, 2 * g);                                                     \
-      const size_t ge = g + 8 < np ? g + 8 : np;                                                       \
-      __m512i idx = idx0;                                                                              \
-      for (size_t p = g; p < ge; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {             \
-        const __m256i raw = 2 * p + 1 == nb ? _mm256_maskz_loadu_epi8(0xFFFFu, wrow + 32 * p)          \
-                                            : _mm256_loadu_si256((const __m256i *)(wrow + 32 * p));    \
-        const __m512i v = _mm512_cvtepu8_epi16(raw);                                                   \
-        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                \
-        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);          \
-        const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                              \
-        for (int r = 0; r < R; ++r) {                                                                  \
-          const uint16_t *xp = x + r * xrow + 64 * p;                                                  \
+/* bytes ahead of the weights being read that the matvec prefetches.  Single-thread harness, weights from DRAM,
+ * GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024 and 4096 no
+ * better); in L2 no change. */
+#define BF16_PREFETCH 2048
+
+/* quad Q of R packed activation rows against the row's weights in registers: the four planes' products summed in
+ * f32 per lane (vdpbf16ps), then times their blocks' scales (lanes of sv picked by IDX) into ACC[r] */
+#define QUAD_ROWS(R, ACC, Q, IDX)                                                                         \
+  {                                                                                                      \
+    _mm_prefetch((const char *)(wrow + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                          \
+    const __m512i v_ = _mm512_loadu_si512((const void *)(wrow + 64 * (Q)));                              \
+    const __m512bh p0_ = (__m512bh)_mm512_permutexvar_epi16(v_, tab);                                    \
+    const __m512bh p1_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 4), tab);              \
+    const __m512bh p2_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 8), tab);              \
+    const __m512bh p3_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 12), tab);             \
+    const __m512 sc_ = _mm512_permutexvar_ps(IDX, sv);                                                   \
+    for (int r = 0; r < R; ++r) {                                                                        \
+      const uint16_t *xp = x + r * xrow + 128 * (Q);                                                     \
+      __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), p0_, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
+      t = _mm512_dpbf16_ps(t, p1_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));               \
+      t = _mm512_dpbf16_ps(t, p2_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 64)));               \
+      t = _mm512_dpbf16_ps(t, p3_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 96)));               \
+      ACC[r] = _mm512_fmadd_ps(t, sc_, ACC[r]);                                                          \
+    }                                                                                                    \
+  }
+
+/* matvec: R (1..6, BF16_MATVEC_ROWS) packed activation rows (stride xrow elements) against one weight row decoded
+ * in registers.  The e2m1 values come from a constant table (vpermw's index is a word's low 5 bits, and the table
+ * repeats every 16 entries, so a plane needs no mask), and the block scales are applied to the planes' f32 sums
+ * (one fma per row and quad): fewer ops per value than the GEMM's scaled table when few rows share the decode, and
+ * exact for every scale byte.  Quads rather than pairs: one 64-byte load and 3 shifts where two pairs take 2
+ * widenings and 2 shifts, and one fma and scale pick per 4 blocks instead of 2: on Zen 4, where each zmm op of
+ * these takes the vector pipes a cycle, 21.5 against 17.7 GB/s per core from L2 at R = 1, and 28.4 against 25.1
+ * GB/s streamed from DRAM by two cores (build/dev harness, 2026-11-28). */
+#define BDOT_ROWS(R)                                                                                     \
+  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,      \
+                            size_t xrow, float *res) {                                                   \
+    const size_t nq = row_quads(nb), np = row_pairs(nb);                                                 \
+    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);                                     \
+    const __m512i i0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);                 \
+    const __m512i four = _mm512_set1_epi32(4), i1 = _mm512_add_epi32(i0, four);                          \
+    const __m512i i2 = _mm512_add_epi32(i1, four), i3 = _mm512_add_epi32(i2, four);                      \
+    __m512 acc0[R], acc1[R];                                                                             \
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();                                 \
+    size_t q = 0;                                                                                        \
+    for (; q + 4 <= nq; q += 4) { /* 4 quads share 16 scales; two accumulators overlap the fma latency */ \
+      const __m512 sv = scales16(srow, nb, 4 * q);                                                       \
+      QUAD_ROWS(R, acc0, q, i0)                                                                          \
+      QUAD_ROWS(R, acc1, q + 1, i1)                                                                      \
+      QUAD_ROWS(R, acc0, q + 2, i2)                                                                      \
+      QUAD_ROWS(R, acc1, q + 3, i3)                                                                      \
+    }                                                                                                    \
+    if (q < nq) {                                                                                        \
+      const __m512 sv = scales16(srow, nb, 4 * q);                                                       \
+      __m512i idx = i0;                                                                                  \
+      for (; q < nq; ++q, idx = _mm512_add_epi32(idx, four)) QUAD_ROWS(R, acc0, q, idx)                  \
+    }                                                                                                    \
+    if (2 * nq < np) { /* the last 1-3 blocks, in pairs */                                               \
+      const __m512 sv = scales16(srow, nb, 4 * nq);                                                      \
+      __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                    \
+      for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {          \
+        const __m256i raw = 2 * p + 1 == nb ? _mm256_maskz_loadu_epi8(0xFFFFu, wrow + 32 * p)            \
+                                            : _mm256_loadu_si256((const __m256i *)(wrow + 32 * p));      \
+        const __m512i v = _mm512_cvtepu8_epi16(raw);                                                     \
+        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                  \
+        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);            \
+        const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                                \
+        for (int r = 0; r < R; ++r) {                                                                    \
+          const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
           __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-          t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));          \
-          acc[r] = _mm512_fmadd_ps(t, sc, acc[r]);                                                     \
-        }                                                                                              \
-      }                                                                                                \
-    }                                                                                                  \
-    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);                                 \
+          t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));            \
+          acc1[r] = _mm512_fmadd_ps(t, sc, acc1[r]);                                                     \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));         \
   }
 BDOT_ROWS(1)
 BDOT_ROWS(2)
 BDOT_ROWS(3)
+BDOT_ROWS(4)
+BDOT_ROWS(5)
+BDOT_ROWS(6)
 
 
 /* lane i = the sum of the lanes of v[i]: a transposing tree of 15 unpack/shuffle + add pairs (a
@@ -464,31 +571,34 @@ static inline __m512 reduce16(const __m512 v[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
 }
 
-/* GEMM block: 4 decoded weight rows (np pairs x (lo, hi) each, one after the other in w) x 4 packed
- * activation rows (rows past `rb` repeat row 0 and are discarded); 16 accumulators of K-partial sums,
- * reduced by one tree: res[o * 4 + r].  4 weight and 4 activation loads per 16 vdpbf16ps; against a 4 x 6
- * block with a _mm512_reduce_add_ps per accumulator: 0.58-0.72 vs 0.58-0.60 ns per vdpbf16ps at K = 2880,
- * 0.68-0.73 vs 0.77-0.78 at K = 512, 0.60-0.68 vs 0.66-0.67 at 8 rows (one thread, load avg ~7). */
-static void bgemm_4x4t(const __m512i *w, size_t np, const uint16_t *x, size_t xrow, size_t rb, float *res) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  const uint16_t *x0 = x, *x1 = rb > 1 ? x + xrow : x, *x2 = rb > 2 ? x + 2 * xrow : x, *x3 = rb > 3 ? x + 3 * xrow : x;
-  for (size_t q = 0; q < 2 * np; ++q) { /* q = 2 p + half */
-    const __m512bh w0 = (__m512bh)w[q], w1 = (__m512bh)w[2 * np + q], w2 = (__m512bh)w[4 * np + q],
-                   w3 = (__m512bh)w[6 * np + q];
-    const __m512bh xv[4] = {(__m512bh)_mm512_loadu_si512((const void *)(x0 + 32 * q)),
-                            (__m512bh)_mm512_loadu_si512((const void *)(x1 + 32 * q)),
-                            (__m512bh)_mm512_loadu_si512((const void *)(x2 + 32 * q)),
-                            (__m512bh)_mm512_loadu_si512((const void *)(x3 + 32 * q))};
-    for (int r = 0; r < 4; ++r) {
-      acc[r] = _mm512_dpbf16_ps(acc[r], w0, xv[r]);
-      acc[4 + r] = _mm512_dpbf16_ps(acc[4 + r], w1, xv[r]);
-      acc[8 + r] = _mm512_dpbf16_ps(acc[8 + r], w2, xv[r]);
-      acc[12 + r] = _mm512_dpbf16_ps(acc[12 + r], w3, xv[r]);
-    }
+/* GEMM block: 4 decoded weight rows (np pairs x (lo, hi) each, one after the other in w) x RB (1..4) packed
+ * activation rows; 4 RB accumulators of K-partial sums (the rest stay zero), reduced by one tree: res[o * 4 + r].
+ * 4 weight and RB activation loads per 4 RB vdpbf16ps; against a 4 x 6 block with a _mm512_reduce_add_ps per
+ * accumulator: 0.58-0.72 vs 0.58-0.60 ns per vdpbf16ps at K = 2880, 0.68-0.73 vs 0.77-0.78 at K = 512, 0.60-0.68
+ * vs 0.66-0.67 at 8 rows (one thread, load avg ~7).  A last group of fewer than 4 rows takes its own RB rather than
+ * repeating a row whose products are discarded. */
+#define BGEMM_4XR(RB)                                                                                      \
+  static __attribute__((noinline)) void bgemm_4x##RB(const __m512i *w, size_t np, const uint16_t *x, size_t xrow, \
+                                                   float *res) {                                           \
+    __m512 acc[16];                                                                                        \
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();                                             \
+    for (size_t q = 0; q < 2 * np; ++q) { /* q = 2 p + half */                                             \
+      const __m512bh w0 = (__m512bh)w[q], w1 = (__m512bh)w[2 * np + q], w2 = (__m512bh)w[4 * np + q],     \
+                     w3 = (__m512bh)w[6 * np + q];                                                         \
+      for (int r = 0; r < RB; ++r) {                                                                       \
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + r * xrow + 32 * q));           \
+        acc[r] = _mm512_dpbf16_ps(acc[r], w0, xv);                                                         \
+        acc[4 + r] = _mm512_dpbf16_ps(acc[4 + r], w1, xv);                                                 \
+        acc[8 + r] = _mm512_dpbf16_ps(acc[8 + r], w2, xv);                                                 \
+        acc[12 + r] = _mm512_dpbf16_ps(acc[12 + r], w3, xv);                                               \
+      }                                                                                                    \
+    }                                                                                                      \
+    _mm512_storeu_ps(res, reduce16(acc));                                                                  \
   }
-  _mm512_storeu_ps(res, reduce16(acc));
-}
+BGEMM_4XR(1)
+BGEMM_4XR(2)
+BGEMM_4XR(3)
+BGEMM_4XR(4)
 
 #endif /* MXMOE_BF16 */
 
@@ -638,10 +748,11 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 
 #if MXMOE_BF16
 /* at most this many rows per item take the matvec (weights decoded in registers once per row group); more
- * take the GEMM (4 weight rows decoded to a buffer once per item) */
-#define BF16_MATVEC_ROWS 3
+ * take the GEMM (4 weight rows decoded to a buffer once per item).  Single-thread harness, weights from DRAM,
+ * GB/s at 4 / 5 / 6 / 7 rows: matvec 6.8 / 5.5 / 4.5 / 3.4, GEMM 5.7 / 4.3 / 4.2 / 4.1 (2026-11-28). */
+#define BF16_MATVEC_ROWS 6
 /* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
- * 128 KB); longer rows go in chunks, their partial sums added */
+ * 128 KB); longer rows go in chunks, their partial sums added (an even number: a chunk starts a quad) */
 #define BF16_GEMM_PAIRS 48
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
@@ -649,11 +760,14 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
   if (rows <= BF16_MATVEC_ROWS) {
     for (size_t o = it->n0; o < it->n1; ++o) {
       const uint8_t *wrw = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
-      float res[4];
+      float res[BF16_MATVEC_ROWS];
       switch (rows) {
         case 1: bdot_rows_1(wrw, srow, nb, x0, xrow, res); break;
         case 2: bdot_rows_2(wrw, srow, nb, x0, xrow, res); break;
-        default: bdot_rows_3(wrw, srow, nb, x0, xrow, res); break;
+        case 3: bdot_rows_3(wrw, srow, nb, x0, xrow, res); break;
+        case 4: bdot_rows_4(wrw, srow, nb, x0, xrow, res); break;
+        case 5: bdot_rows_5(wrw, srow, nb, x0, xrow, res); break;
+        default: bdot_rows_6(wrw, srow, nb, x0, xrow, res); break;
       }
       for (size_t r = 0; r < rows; ++r) buf[r][tile_pos(it, o)] = res[r];
     }
@@ -668,22 +782,21 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
     for (size_t o0 = it->n0; o0 < it->n1; o0 += 4) {
       for (size_t j = 0; j < 4; ++j) { /* a partial last quad repeats its last row */
         const size_t o = o0 + j < it->n1 ? o0 + j : it->n1 - 1;
-        __m512i *dst = wbuf + j * 2 * npc;
-        /* the next quad's row: its bytes are fetched while this quad's dot products run (the decode
-         * otherwise waits for DRAM at every quad) */
         const char *next = (const char *)(it->w + weight_row(it, o + 4 < it->n1 ? o + 4 : o) * kh + 16 * b0);
-        FOR_EACH_PAIR(it->w + weight_row(it, o) * kh + 16 * b0, it->s + weight_row(it, o) * nb + b0, nbc, {
-          if (!(p & 1)) _mm_prefetch(next + 32 * p, _MM_HINT_T0);
-          dst[2 * p] = lo;
-          dst[2 * p + 1] = hi;
-        });
+        decode_row_bf16(it->w + weight_row(it, o) * kh + 16 * b0, it->s + weight_row(it, o) * nb + b0, nbc, next,
+                        wbuf + j * 2 * npc);
       }
       size_t pos[4];
       for (size_t j = 0; j < 4; ++j) pos[j] = o0 + j < it->n1 ? tile_pos(it, o0 + j) : MAX_TILE_N;
       for (size_t r0 = 0; r0 < rows; r0 += 4) {
         const size_t rb = rows - r0 < 4 ? rows - r0 : 4;
         float res[16];
-        bgemm_4x4t(wbuf, npc, xc + r0 * xrow, xrow, rb, res);
+        switch (rb) {
+          case 1: bgemm_4x1(wbuf, npc, xc + r0 * xrow, xrow, res); break;
+          case 2: bgemm_4x2(wbuf, npc, xc + r0 * xrow, xrow, res); break;
+          case 3: bgemm_4x3(wbuf, npc, xc + r0 * xrow, xrow, res); break;
+          default: bgemm_4x4(wbuf, npc, xc + r0 * xrow, xrow, res); break;
+        }
         for (size_t j = 0; j < 4; ++j) {
           if (pos[j] == MAX_TILE_N) continue;
           for (size_t r = 0; r < rb; ++r) buf[r0 + r][pos[j]] = (p0 ? buf[r0 + r][pos[j]] : 0.0f) + res[j * 4 + r];

@@ -174,13 +174,20 @@ def test_c_quantizer_matches_the_format(kernel, K, kind):
 
 
 def pack_bf16(rows: np.ndarray) -> np.ndarray:
-    """bf16 rows [R, K] (as int16) in the bf16 path's order: per pair of blocks, values 0..15 of both blocks,
-    then values 16..31 of both (zeros for a missing last block)."""
+    """bf16 rows [R, K] (as int16) in the bf16 path's order: per quad of blocks 4j..4j+3, four planes of 32 values,
+    plane n holding in word i value c + 16 (n % 2), c = 2 (i % 8) + n // 2, of block 4j + i // 8; the last K / 32 % 4
+    blocks per pair, values 0..15 of both blocks, then values 16..31 of both (zeros for a missing last block)."""
     R, K = rows.shape
     nb = K // 32
-    blocks = np.zeros((R, nb + nb % 2, 2, 16), np.int16)
-    blocks[:, :nb] = rows.reshape(R, nb, 2, 16)
-    return blocks.reshape(R, -1, 2, 2, 16).transpose(0, 1, 3, 2, 4).reshape(R, -1)
+    nq = nb // 4
+    i = np.arange(32)
+    planes = [(i // 8) * 32 + 2 * (i % 8) + n // 2 + 16 * (n % 2) for n in range(4)]
+    quads = rows[:, : 128 * nq].reshape(R, nq, 128)[:, :, np.concatenate(planes)].reshape(R, -1)
+    rest = nb - 4 * nq
+    blocks = np.zeros((R, rest + rest % 2, 2, 16), np.int16)
+    blocks[:, :rest] = rows[:, 128 * nq :].reshape(R, rest, 2, 16)
+    pairs = blocks.reshape(R, -1, 2, 2, 16).transpose(0, 1, 3, 2, 4).reshape(R, -1)
+    return np.concatenate([quads, pairs], axis=1)
 
 
 @pytest.mark.parametrize("S,E,invalid,chunk", [(0, 4, 0.0, 64), (1, 32, 0.0, 64), (7, 4, 0.5, 64), (4, 4, 1.0, 64),
@@ -246,8 +253,9 @@ def test_c_quantizer_non_finite_blocks(kernel):
                 assert xs[r, blk] == want_s[r, blk] and (xq[r, sel] == want_q[r, sel]).all()
 
 
-def reference(x, w, s, bias_f32, rows):
-    """float64: x @ dequant(w[e])^T + bias[e] for each expert's rows (blocksplit layout)."""
+def reference(x, w, s, bias_f32, rows, magnitude=False):
+    """float64: x @ dequant(w[e])^T + bias[e] for each expert's rows (blocksplit layout); with ``magnitude``
+    the sums of the products' magnitudes instead (what bounds an f32 accumulation's error)."""
     E, N, kh = w.shape
     K = 2 * kh
     out = np.zeros((x.shape[0], N))
@@ -255,7 +263,8 @@ def reference(x, w, s, bias_f32, rows):
     for u, r in enumerate(rows):
         b = w[u].reshape(N, K // 32, 16)
         dec = np.concatenate([E2M1[b & 15], E2M1[b >> 4]], axis=2) * np.exp2(s[u].astype(np.float64) - 127)[..., None]
-        out[first:first + r] = x[first:first + r].astype(np.float64) @ dec.reshape(N, K).T + bias_f32[u]
+        xr, dec = x[first:first + r].astype(np.float64), dec.reshape(N, K)
+        out[first:first + r] = np.abs(xr) @ np.abs(dec).T if magnitude else xr @ dec.T + bias_f32[u]
         first += r
     return out
 
@@ -286,12 +295,12 @@ def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
 @pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
     (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), 5 rows = a group of 4 and 1, bf16 bias
-    (2, 64, 64, [2, 4], 2, 32),        # f32 bias, one pair
-    (4, 128, 2880, [1, 1, 8, 2], 3, 64),  # gpt-oss K (90 blocks), f16 bias
+    (2, 64, 64, [6, 4], 2, 32),        # f32 bias, one pair; 6 rows: the bf16 path's widest matvec
+    (4, 128, 2880, [1, 1, 8, 10], 3, 64),  # gpt-oss K (90 blocks), f16 bias; GEMM row groups of 4, 4 + 4 + 2
     (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (nor of 4), 5 blocks
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
-    (2, 40, 224, [3, 9], 1, 32),       # 7 blocks: one quad, a pair and a lone block; matvec and GEMM rows
+    (2, 40, 224, [3, 9], 1, 32),       # 7 blocks: one quad, a pair and a lone block; matvec and GEMM rows (4 + 4 + 1)
 ])
 def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
     """Exact arithmetic up to f32 accumulation: against float64 on the values the kernel was given (the
@@ -348,30 +357,36 @@ def test_kernel_deinterleaves_gate_up_rows(kernel):
 
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
-@pytest.mark.parametrize("rows", [2, 6], ids=["matvec", "gemm"])
-def test_kernel_every_code_nan_scale_and_small_activations(kernel, rows, x_kind):
+@pytest.mark.parametrize("rows", [2, 7], ids=["matvec", "gemm"])
+@pytest.mark.parametrize("K", [256, 352], ids=["quads", "quads-pair-lone"])
+def test_kernel_every_code_nan_scale_and_small_activations(kernel, rows, x_kind, K):
     """All 256 weight bytes, scale bytes 0 (2^-127), 1, 2, 252 and 255 (NaN) beside ordinary ones, and
     activations spanning 2^-20..2^6 within a block. int16 path: a bf16 value within 2^7 of its block's
     largest is exact in int16, smaller ones are rounded to 2^-15 of that power of two at most. bf16 path:
     exact (a row with scale bytes outside 2..252 takes the f32 decode, which loses only bf16 subnormals:
     here the 2^-127-scaled block, ~1e-38 of the output)."""
-    N, K = 64, 256
+    N = 64
     w = (np.arange(N * K // 2) % 256).astype(np.uint8).reshape(1, N, K // 2)
     s = np.full((1, N, K // 32), 127, np.uint8)
     s[0, :32, 1] = 0
     s[0, 40:, 2] = np.array([1, 2, 130, 252, 120, 125, 2, 131] * 3)[:24]
     s[0, 5, 3] = 255  # output 5 reads a NaN scale
+    if K > 256:  # the same in the blocks after the last quad (a pair and a lone block)
+        s[0, 8:16, 9] = [0, 1, 2, 252, 0, 130, 1, 2]
+        s[0, 16:24, 10] = [252, 0, 1, 2, 127, 130, 120, 252]
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(1))
     x = x * torch.exp2(torch.randint(-20, 7, (rows, K), generator=torch.Generator().manual_seed(2)))
     x[:, 64:96] *= 2.0**-90  # block 2 meets the largest scales: keep its products in f32 range
+    x[:, 288:] *= 2.0**-90  # blocks 9 and 10 too
     x = x.bfloat16().float().numpy()
     out = run_kernel(kernel, x, w, s, np.zeros(1, np.float32), 0, [rows], x_kind=x_kind)
     ref = reference(x, w, np.where(s == 255, 127, s), np.zeros((1, N)), [rows])
     assert np.isnan(out[:, 5]).all()
     keep = np.arange(N) != 5
     err = np.abs(out[:, keep] - ref[:, keep])
-    if x_kind == 1 and kernel.bf16:
-        bound = 1e-6 * np.abs(ref[:, keep]).max()
+    if x_kind == 1 and kernel.bf16:  # f32 accumulation of exact products, per output
+        mag = reference(x, w, np.where(s == 255, 127, s), np.zeros((1, N)), [rows], magnitude=True)
+        bound = K * 2.0**-24 * mag[:, keep] + 1e-30
     else:  # per output: 32 products per block, each activation off by at most half a step of its block
         steps = np.exp2(np.floor(np.log2(np.abs(x.reshape(rows, -1, 32)).max(2))) - 15)  # [rows, blocks]
         wscale = np.exp2(s[0, keep].astype(np.float64) - 127)  # [outputs, blocks]
