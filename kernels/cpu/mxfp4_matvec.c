@@ -348,6 +348,11 @@ static void pack_row_bf16(const uint16_t *x, size_t k, uint16_t *dst) {
   }
 }
 
+/* a pair's 32 weight bytes (only the first 16 when `lone`: the row's last block) widened to 32 words */
+static inline __m512i pair_words(const uint8_t *wp, int lone) {
+  return _mm512_cvtepu8_epi16(lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp));
+}
+
 /* Per group of 32 blocks from b0 (of nb): the bf16 exponent adders (s - 127) << 7 as 32 words, and whether
  * a scale byte leaves 2..252 (then value x 2^(s - 127) may not be a normal bf16: the exact decode). */
 static inline __m512i scale_adders(const uint8_t *srow, size_t nb, size_t b0, int *special) {
@@ -372,8 +377,7 @@ static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders,
                                     __m512i *hi) {
   const __m512i sel = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 16);
   const __m512i tab = scaled_table(adders, idx);
-  const __m256i raw = lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp);
-  const __m512i v = _mm512_cvtepu8_epi16(raw);
+  const __m512i v = pair_words(wp, lone);
   /* (v & 15) | sel; the high nibble is v >> 4 (< 16 after the zero extension) | sel */
   const __m512i ilo = _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x0F), sel, 0xEA);
   const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(v, 4), sel);
@@ -416,8 +420,7 @@ static inline __m512 two_scales(const uint8_t *sp) {
 /* decode_pair_bf16 and decode_quad_bf16 through f32, for rows with scale bytes outside 2..252 */
 static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, int lone, __m512i *lo, __m512i *hi) {
   const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);
-  const __m256i raw = lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp);
-  const __m512i v = _mm512_cvtepu8_epi16(raw);
+  const __m512i v = pair_words(wp, lone);
   const __m512 s0 = _mm512_set1_ps(e8m0(sp[0])), s1 = _mm512_set1_ps(lone ? 0.0f : e8m0(sp[1]));
   *lo = scale_exact(_mm512_permutexvar_epi16(v, tab), s0, s1);
   *hi = scale_exact(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab), s0, s1);
@@ -531,9 +534,7 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
       const __m512 sv = scales16(srow, nb, 4 * nq);                                                      \
       __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                    \
       for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {          \
-        const __m256i raw = 2 * p + 1 == nb ? _mm256_maskz_loadu_epi8(0xFFFFu, wrow + 32 * p)            \
-                                            : _mm256_loadu_si256((const __m256i *)(wrow + 32 * p));      \
-        const __m512i v = _mm512_cvtepu8_epi16(raw);                                                     \
+        const __m512i v = pair_words(wrow + 32 * p, 2 * p + 1 == nb);                                    \
         const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                  \
         const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);            \
         const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                                \
