@@ -728,7 +728,7 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
   const size_t nb = it->nb, xq_row = 64 * row_pairs(nb), xs_row = scale_row(nb), kh = nb * 16;
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
   for (size_t o = it->n0; o < it->n1; ++o) {
-    const uint8_t *wrw = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
+    const uint8_t *wrow = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
     const size_t pos = tile_pos(it, o);
     float res[4];
     for (size_t r0 = 0; r0 < it->rows; r0 += 4) {
@@ -736,10 +736,10 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
       const int16_t *xq = xq0 + r0 * xq_row;
       const float *xsr = xs0 + r0 * xs_row;
       switch (nr) {
-        case 1: dot_rows_1(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        case 2: dot_rows_2(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        case 3: dot_rows_3(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
-        default: dot_rows_4(wrw, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 1: dot_rows_1(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 2: dot_rows_2(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        case 3: dot_rows_3(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
+        default: dot_rows_4(wrow, srow, nb, xq, xq_row, xsr, xs_row, res); break;
       }
       for (size_t r = 0; r < nr; ++r) buf[r0 + r][pos] = res[r];
     }
@@ -760,15 +760,15 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
   if (rows <= BF16_MATVEC_ROWS) {
     for (size_t o = it->n0; o < it->n1; ++o) {
-      const uint8_t *wrw = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
+      const uint8_t *wrow = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
       float res[BF16_MATVEC_ROWS];
       switch (rows) {
-        case 1: bdot_rows_1(wrw, srow, nb, x0, xrow, res); break;
-        case 2: bdot_rows_2(wrw, srow, nb, x0, xrow, res); break;
-        case 3: bdot_rows_3(wrw, srow, nb, x0, xrow, res); break;
-        case 4: bdot_rows_4(wrw, srow, nb, x0, xrow, res); break;
-        case 5: bdot_rows_5(wrw, srow, nb, x0, xrow, res); break;
-        default: bdot_rows_6(wrw, srow, nb, x0, xrow, res); break;
+        case 1: bdot_rows_1(wrow, srow, nb, x0, xrow, res); break;
+        case 2: bdot_rows_2(wrow, srow, nb, x0, xrow, res); break;
+        case 3: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
+        case 4: bdot_rows_4(wrow, srow, nb, x0, xrow, res); break;
+        case 5: bdot_rows_5(wrow, srow, nb, x0, xrow, res); break;
+        default: bdot_rows_6(wrow, srow, nb, x0, xrow, res); break;
       }
       for (size_t r = 0; r < rows; ++r) buf[r][tile_pos(it, o)] = res[r];
     }
@@ -816,23 +816,23 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
  * k / 2]; s: [E, n, k / 32]; bias: [E, n] of bias_kind; info, counts: the work items of
  * mxmoe_group_slots; order[p]: the slot of sorted row p; out: [S, n] f32 by slot.  Workgroup (tile, u)
  * computes outputs [tile * tile_n, +tile_n) of work item u; workgroup (tile, items) writes zeros to those
- * outputs of the slots with no expert (sorted rows nvalid..S).  With `deinterleave` (n even) output o goes
- * to column o / 2 + (o odd ? n / 2 : 0): interleaved gate/up rows come out as [gate | up] halves, which
- * the GLU that follows reads with unit stride (`deinterleave` 1).  With glu != GLU_NONE the GLU epilogue
- * (glu_epilogue.c) writes out [S, n / 2] of out_kind instead (n and tile_n multiples of 32): of interleaved gate/up
- * rows (`deinterleave` 1) or of gate rows [0, n / 2) and up rows [n / 2, n) (`deinterleave` 2: weight_row);
- * glu_alpha and glu_limit are the bits of the activation's f32 parameters. */
+ * outputs of the slots with no expert (sorted rows nvalid..S).  `pairs` (the gate/up order; n even where it is
+ * not 0): 0 outputs in their order; 1 interleaved gate/up rows, output o going to column o / 2 + (o odd ? n / 2 :
+ * 0), i.e. [gate | up] halves, which the GLU that follows reads with unit stride; 2 (GLU epilogue only) gate rows
+ * [0, n / 2) and up rows [n / 2, n), taken in pairs (weight_row).  With glu != GLU_NONE the GLU epilogue
+ * (glu_epilogue.c) writes out [S, n / 2] of out_kind instead (n and tile_n multiples of 32); glu_alpha and
+ * glu_limit are the bits of the activation's f32 parameters. */
 void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, xs),
                                 MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),
                                 MEMREF(const void, bias), MEMREF(const int64_t, info),
                                 MEMREF(const int32_t, counts), MEMREF(const int32_t, order),
                                 MEMREF(char, out), size_t S, size_t n, size_t k, size_t x_kind,
-                                size_t bias_kind, size_t deinterleave, size_t tile_n, size_t tile, size_t u,
+                                size_t bias_kind, size_t pairs, size_t tile_n, size_t tile, size_t u,
                                 size_t glu, size_t glu_alpha, size_t glu_limit, size_t out_kind) {
   item_t it;
   const glu_t g = glu_params(glu, out_kind, glu_alpha, glu_limit);
   const ptrdiff_t first = work_item(&it, AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), OUT_AT(out, g), S,
-                                    n, k, bias_kind, deinterleave, tile_n, tile, u, g);
+                                    n, k, bias_kind, pairs, tile_n, tile, u, g);
   if (first < 0) return;
   const size_t nb = k / 32;
   const size_t xq_row = 64 * row_pairs(nb);

@@ -475,18 +475,18 @@ static void rows16_grouped_matvec(const int8_t *xq, const float *xs, const uint8
 
 /* xq, xs: quantized rows in sorted order (mxmoe_mxint8_quantize_rows; with two planes per row,
  * mxmoe_mxint16_quantize_rows: xq [S, 2 k], xs [S, 4 k / 32]); w: [E, n, k / 2] and s: [E, n, k / 32] in the rows16
- * layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n, tile, u, deinterleave,
+ * layout (n a multiple of 16); bias: [E, n] of bias_kind; info, counts, order, out, tile_n, tile, u, pairs,
  * glu, glu_alpha, glu_limit, out_kind: as mxmoe_mxfp4_grouped_matvec (tile_n a multiple of 16).  One entry point
  * per number of planes. */
 #define ROWS16_ENTRY(NAME, PLANES)                                                                              \
   void NAME(MEMREF(const int8_t, xq), MEMREF(const float, xs), MEMREF(const uint8_t, w), MEMREF(const uint8_t, s),  \
             MEMREF(const void, bias), MEMREF(const int64_t, info), MEMREF(const int32_t, counts),                 \
             MEMREF(const int32_t, order), MEMREF(char, out), size_t S, size_t n, size_t k, size_t bias_kind,       \
-            size_t deinterleave, size_t tile_n, size_t tile, size_t u, size_t glu, size_t glu_alpha,              \
+            size_t pairs, size_t tile_n, size_t tile, size_t u, size_t glu, size_t glu_alpha,                     \
             size_t glu_limit, size_t out_kind) {                                                                  \
     const glu_t g = glu_params(glu, out_kind, glu_alpha, glu_limit);                                             \
     rows16_grouped_matvec(AT(xq), AT(xs), AT(w), AT(s), AT(bias), AT(info), AT(counts), AT(order), OUT_AT(out, g), \
-                          S, n, k, bias_kind, deinterleave, tile_n, tile, u, PLANES, g);                         \
+                          S, n, k, bias_kind, pairs, tile_n, tile, u, PLANES, g);                                \
   }
 ROWS16_ENTRY(mxmoe_rows16_grouped_matvec, 1)
 ROWS16_ENTRY(mxmoe_rows16x2_grouped_matvec, 2)

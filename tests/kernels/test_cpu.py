@@ -143,7 +143,8 @@ def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=Fals
         for t in range(-(-N // tile_n)):
             matvec(*memref(xq), *memref(xs), *memref(w), *memref(s), *memref(bias), *memref(info), *memref(counts),
                    *memref(order), *memref(out), ctypes.c_size_t(S), ctypes.c_size_t(N), ctypes.c_size_t(K),
-                   ctypes.c_size_t(x_kind), ctypes.c_size_t(bias_kind), ctypes.c_size_t(1 if deinterleave else 2 if glu else 0),
+                   ctypes.c_size_t(x_kind), ctypes.c_size_t(bias_kind),
+                   ctypes.c_size_t(cpu_ukernel.gate_up_order(deinterleave, glu)),
                    ctypes.c_size_t(tile_n), ctypes.c_size_t(t), ctypes.c_size_t(u), *epilogue)
     return out[perm]
 
@@ -273,8 +274,8 @@ def reference(x, w, s, bias_f32, rows, magnitude=False):
 @pytest.mark.parametrize("out", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
 def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu_io):
-    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the matvec (1-3 rows) and GEMM item forms, an expert with
-    no rows, slots with no expert, a partial last tile, tile_n 64) against the reference's rounding and GLU
+    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the matvec (2 rows) and GEMM (13 rows) item
+    forms, an expert with no rows, slots with no expert, a partial last tile, tile_n 64) against the reference's rounding and GLU
     applied to the same kernel's f32 result, for every activation it has; gate and up reach past the clamps."""
     E, N, K = 3, 160, 96
     rng = np.random.default_rng(12)

@@ -194,7 +194,8 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=32, deinterleave=False, idle=0, 
         for u in range(int(counts[0]) + 1 + 2):  # two past the last: must return at once
             fn(*memref(xq), *memref(xs), *memref(wst), *memref(sst), *memref(b), *memref(info), *memref(counts),
                *memref(order), *memref(out), ctypes.c_size_t(S), ctypes.c_size_t(N), ctypes.c_size_t(K),
-               ctypes.c_size_t(0 if bias is None else KIND_F32), ctypes.c_size_t(1 if deinterleave else 2 if glu else 0),
+               ctypes.c_size_t(0 if bias is None else KIND_F32),
+               ctypes.c_size_t(cpu_ukernel.gate_up_order(deinterleave, glu)),
                ctypes.c_size_t(tile_n), ctypes.c_size_t(tile), ctypes.c_size_t(u), *glu_args(glu, out_dt))
     if glu:
         return out[order], dequantized(xq, xs, FORMS[form][0]), sorted_ids

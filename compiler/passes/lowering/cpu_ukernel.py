@@ -126,6 +126,12 @@ def applies_glu(activation: str, n: int) -> bool:
     return activation in GLU_CODES and n % GLU_MULTIPLE == 0
 
 
+def gate_up_order(deinterleave: bool, glu: tuple | None) -> int:
+    """The matmul's ``pairs`` argument: 0 outputs in order, 1 interleaved gate/up rows (written as halves, or
+    the GLU of their pairs), 2 gate/up rows in halves whose GLU the epilogue takes pair by pair."""
+    return 1 if deinterleave else 2 if glu else 0
+
+
 def glu_scalars(glu: tuple[str, float, float] | None, out_el: str) -> list[int]:
     """The matmul's epilogue arguments: the GLU code, the bits of its f32 alpha and limit, the output kind (all
     zero / f32 without a GLU). ``glu``: (activation, alpha, limit) of a fused GLU."""
@@ -274,7 +280,7 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
             "stream.return %tiles, %slots, %one : index, index, index"]
     act = [] if planes else [f"%c{_kind(x_el, 'activation')}"]  # the int8 matmuls read one activation form
     return _executable(exe, obj, _SYMBOLS[planes][1], "%S: index", memrefs,
-                       ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{1 if deinterleave else 2 if glu else 0}",
+                       ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{gate_up_order(deinterleave, glu)}",
                         f"%c{tile_n}", "%tile", "%u", *(f"%c{v}" for v in glu_scalars(glu, x_el))], prelude, grid)
 
 
