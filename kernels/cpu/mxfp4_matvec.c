@@ -473,6 +473,23 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
   return _mm512_castsi512_ps(v);
 }
 
+/* a quad's four planes of e2m1 values as bf16, unscaled (tab: E2M1_BF16; vpermw reads a word's low 5 bits and the
+ * table repeats every 16 entries, so a plane needs no mask) */
+static inline void quad_planes(const uint8_t *wp, __m512i tab, __m512bh p[4]) {
+  const __m512i v = _mm512_loadu_si512((const void *)wp);
+  p[0] = (__m512bh)_mm512_permutexvar_epi16(v, tab);
+  p[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
+  p[2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tab);
+  p[3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tab);
+}
+
+/* a pair's two halves (lo: values 0..15 of both blocks, hi: 16..31) as bf16, unscaled; `lone`: the row's last block */
+static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512bh *lo, __m512bh *hi) {
+  const __m512i v = pair_words(wp, lone);
+  *lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);
+  *hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
+}
+
 /* bytes ahead of the weights being read that the matvec prefetches.  Single-thread harness, weights from DRAM,
  * GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024 and 4096 no
  * better); in L2 no change. */
@@ -483,23 +500,20 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
 #define QUAD_ROWS(R, ACC, Q, IDX)                                                                         \
   {                                                                                                      \
     _mm_prefetch((const char *)(wrow + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                          \
-    const __m512i v_ = _mm512_loadu_si512((const void *)(wrow + 64 * (Q)));                              \
-    const __m512bh p0_ = (__m512bh)_mm512_permutexvar_epi16(v_, tab);                                    \
-    const __m512bh p1_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 4), tab);              \
-    const __m512bh p2_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 8), tab);              \
-    const __m512bh p3_ = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v_, 12), tab);             \
+    __m512bh p_[4];                                                                                      \
+    quad_planes(wrow + 64 * (Q), tab, p_);                                                               \
     const __m512 sc_ = _mm512_permutexvar_ps(IDX, sv);                                                   \
     for (int r = 0; r < R; ++r) {                                                                        \
       const uint16_t *xp = x + r * xrow + 128 * (Q);                                                     \
-      __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), p0_, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-      t = _mm512_dpbf16_ps(t, p1_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));               \
-      t = _mm512_dpbf16_ps(t, p2_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 64)));               \
-      t = _mm512_dpbf16_ps(t, p3_, (__m512bh)_mm512_loadu_si512((const void *)(xp + 96)));               \
+      __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), p_[0], (__m512bh)_mm512_loadu_si512((const void *)xp)); \
+      t = _mm512_dpbf16_ps(t, p_[1], (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));               \
+      t = _mm512_dpbf16_ps(t, p_[2], (__m512bh)_mm512_loadu_si512((const void *)(xp + 64)));               \
+      t = _mm512_dpbf16_ps(t, p_[3], (__m512bh)_mm512_loadu_si512((const void *)(xp + 96)));               \
       ACC[r] = _mm512_fmadd_ps(t, sc_, ACC[r]);                                                          \
     }                                                                                                    \
   }
 
-/* matvec: R (1..6, BF16_MATVEC_ROWS) packed activation rows (stride xrow elements) against one weight row decoded
+/* matvec: R (1..2) packed activation rows (stride xrow elements) against one weight row decoded
  * in registers.  The e2m1 values come from a constant table (vpermw's index is a word's low 5 bits, and the table
  * repeats every 16 entries, so a plane needs no mask), and the block scales are applied to the planes' f32 sums
  * (one fma per row and quad): fewer ops per value than the GEMM's scaled table when few rows share the decode, and
@@ -534,9 +548,8 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
       const __m512 sv = scales16(srow, nb, 4 * nq);                                                      \
       __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                    \
       for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {          \
-        const __m512i v = pair_words(wrow + 32 * p, 2 * p + 1 == nb);                                    \
-        const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);                                  \
-        const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);            \
+        __m512bh lo, hi;                                                                                 \
+        pair_planes(wrow + 32 * p, 2 * p + 1 == nb, tab, &lo, &hi);                                      \
         const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                                \
         for (int r = 0; r < R; ++r) {                                                                    \
           const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
@@ -550,10 +563,76 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
   }
 BDOT_ROWS(1)
 BDOT_ROWS(2)
-BDOT_ROWS(3)
-BDOT_ROWS(4)
-BDOT_ROWS(5)
-BDOT_ROWS(6)
+
+/* quad Q of R packed activation rows against two weight rows w0, w1 in registers (planes p, q; scales picked from
+ * sv0, sv1 by IDX) into A0[r], A1[r]: each activation load feeds both rows' dot products */
+#define QUAD2_ROWS(R, A0, A1, Q, IDX)                                                                    \
+  {                                                                                                      \
+    _mm_prefetch((const char *)(w0 + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                            \
+    _mm_prefetch((const char *)(w1 + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                            \
+    __m512bh p_[4], q_[4];                                                                               \
+    quad_planes(w0 + 64 * (Q), tab, p_);                                                                 \
+    quad_planes(w1 + 64 * (Q), tab, q_);                                                                 \
+    const __m512 sc0_ = _mm512_permutexvar_ps(IDX, sv0), sc1_ = _mm512_permutexvar_ps(IDX, sv1);         \
+    for (int r = 0; r < R; ++r) {                                                                        \
+      const uint16_t *xp = x + r * xrow + 128 * (Q);                                                     \
+      __m512 t = _mm512_setzero_ps(), u = _mm512_setzero_ps();                                           \
+      for (int n = 0; n < 4; ++n) {                                                                      \
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xp + 32 * n));                   \
+        t = _mm512_dpbf16_ps(t, p_[n], xv);                                                              \
+        u = _mm512_dpbf16_ps(u, q_[n], xv);                                                              \
+      }                                                                                                  \
+      A0[r] = _mm512_fmadd_ps(t, sc0_, A0[r]);                                                           \
+      A1[r] = _mm512_fmadd_ps(u, sc1_, A1[r]);                                                           \
+    }                                                                                                    \
+  }
+
+/* The matvec of 3-8 rows: two weight rows (w0, w1; res[r] and res[R + r]) decoded in registers as bdot_rows does
+ * one.  On Zen 4 a vdpbf16ps with a load of its own takes ~1.5 cycles and with one load per two ~1 (a throughput
+ * loop: 8 dp + 8 loads in 12 cycles, 8 dp + 4 loads in 8), so two weight rows sharing each activation load run
+ * 71-72% of the vdpbf16ps peak at 4-8 rows against 59-62% for one (weights in L1, build/dev harness, 2026-11-28
+ * evening); the decode's permutes and shifts mostly issue beside the dot products. */
+#define BDOT2_ROWS(R)                                                                                    \
+  static void bdot2_rows_##R(const uint8_t *w0, const uint8_t *s0, const uint8_t *w1, const uint8_t *s1, \
+                             size_t nb, const uint16_t *x, size_t xrow, float *res) {                    \
+    const size_t nq = row_quads(nb), np = row_pairs(nb);                                                 \
+    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16), four = _mm512_set1_epi32(4);        \
+    __m512 a0[R], a1[R];                                                                                 \
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();                                     \
+    for (size_t q = 0; q < nq; q += 4) { /* 4 quads share 16 scales */                                   \
+      const __m512 sv0 = scales16(s0, nb, 4 * q), sv1 = scales16(s1, nb, 4 * q);                         \
+      __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);                    \
+      for (size_t j = q; j < q + 4 && j < nq; ++j, idx = _mm512_add_epi32(idx, four))                   \
+        QUAD2_ROWS(R, a0, a1, j, idx)                                                                    \
+    }                                                                                                    \
+    if (2 * nq < np) { /* the last 1-3 blocks, in pairs */                                               \
+      const __m512 sv0 = scales16(s0, nb, 4 * nq), sv1 = scales16(s1, nb, 4 * nq);                       \
+      __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                    \
+      for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {          \
+        __m512bh l0, h0, l1, h1;                                                                         \
+        pair_planes(w0 + 32 * p, 2 * p + 1 == nb, tab, &l0, &h0);                                        \
+        pair_planes(w1 + 32 * p, 2 * p + 1 == nb, tab, &l1, &h1);                                        \
+        const __m512 sc0 = _mm512_permutexvar_ps(idx, sv0), sc1 = _mm512_permutexvar_ps(idx, sv1);       \
+        for (int r = 0; r < R; ++r) {                                                                    \
+          const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
+          const __m512bh xl = (__m512bh)_mm512_loadu_si512((const void *)xp);                            \
+          const __m512bh xh = (__m512bh)_mm512_loadu_si512((const void *)(xp + 32));                     \
+          a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l0, xl), h0, xh), sc0, a0[r]); \
+          a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l1, xl), h1, xh), sc1, a1[r]); \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+    for (int r = 0; r < R; ++r) {                                                                        \
+      res[r] = _mm512_reduce_add_ps(a0[r]);                                                              \
+      res[R + r] = _mm512_reduce_add_ps(a1[r]);                                                          \
+    }                                                                                                    \
+  }
+BDOT2_ROWS(3)
+BDOT2_ROWS(4)
+BDOT2_ROWS(5)
+BDOT2_ROWS(6)
+BDOT2_ROWS(7)
+BDOT2_ROWS(8)
 
 
 /* lane i = the sum of the lanes of v[i]: a transposing tree of 15 unpack/shuffle + add pairs (a
@@ -748,29 +827,57 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 }
 
 #if MXMOE_BF16
-/* at most this many rows per item take the matvec (weights decoded in registers once per row group); more
- * take the GEMM (4 weight rows decoded to a buffer once per item).  Single-thread harness, weights from DRAM,
- * GB/s at 4 / 5 / 6 / 7 rows: matvec 6.8 / 5.5 / 4.5 / 3.4, GEMM 5.7 / 4.3 / 4.2 / 4.1 (2026-11-28). */
-#define BF16_MATVEC_ROWS 6
+/* at most this many rows per item take the matvec (weights decoded in registers once per row group): 1-2 rows one
+ * weight row at a time (bdot_rows), 3-11 two at a time (bdot2_rows, in two passes past 8 rows); more take the GEMM
+ * (4 weight rows decoded to a buffer once per item).  Single-thread harness (benchmarks/cpu_rows16.c), weights
+ * streamed from DRAM, GB/s at 3 / 4 / 5 / 6 / 7 / 8 / 10 / 11 rows, before (one-row matvec to 6 rows, then the GEMM)
+ * -> now: 11.0 / 6.8 / 5.7 / 4.5 / 3.8 / 4.2 / 3.5 / 3.1 -> 11.0 / 9.2 / 7.7 / 6.5 / 5.6 / 4.7 / 3.9 / 3.5; at 12-16
+ * rows the passes were level with the GEMM or slower, and at 1-2 rows the two-row matvec streamed DRAM slower (10.6
+ * against 13.8 GB/s at 2 rows; the whole layer at 8 / 16 tokens 4-6% slower) (2026-11-28 evening). */
+#ifndef BF16_MATVEC_ROWS
+#define BF16_MATVEC_ROWS 11
+#endif
 /* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
  * 128 KB); longer rows go in chunks, their partial sums added (an even number: a chunk starts a quad) */
 #define BF16_GEMM_PAIRS 48
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
-  if (rows <= BF16_MATVEC_ROWS) {
+  if (rows <= 2) {
     for (size_t o = it->n0; o < it->n1; ++o) {
       const uint8_t *wrow = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
-      float res[BF16_MATVEC_ROWS];
-      switch (rows) {
-        case 1: bdot_rows_1(wrow, srow, nb, x0, xrow, res); break;
-        case 2: bdot_rows_2(wrow, srow, nb, x0, xrow, res); break;
-        case 3: bdot_rows_3(wrow, srow, nb, x0, xrow, res); break;
-        case 4: bdot_rows_4(wrow, srow, nb, x0, xrow, res); break;
-        case 5: bdot_rows_5(wrow, srow, nb, x0, xrow, res); break;
-        default: bdot_rows_6(wrow, srow, nb, x0, xrow, res); break;
-      }
+      float res[2];
+      if (rows == 1) bdot_rows_1(wrow, srow, nb, x0, xrow, res);
+      else bdot_rows_2(wrow, srow, nb, x0, xrow, res);
       for (size_t r = 0; r < rows; ++r) buf[r][tile_pos(it, o)] = res[r];
+    }
+    write_tile(it, buf);
+    return;
+  }
+  if (rows <= BF16_MATVEC_ROWS) {
+    const size_t passes = (rows + 7) / 8; /* of 3-8 rows each, the weight rows staying in L1 between them */
+    for (size_t o = it->n0; o < it->n1; o += 2) {
+      const size_t o1 = o + 1 < it->n1 ? o + 1 : o; /* a lone last output pairs with itself */
+      const uint8_t *w0 = it->w + weight_row(it, o) * kh, *s0 = it->s + weight_row(it, o) * nb;
+      const uint8_t *w1 = it->w + weight_row(it, o1) * kh, *s1 = it->s + weight_row(it, o1) * nb;
+      for (size_t i = 0, r0 = 0; i < passes; ++i) {
+        const size_t nr = (rows - r0) / (passes - i);
+        const uint16_t *x = x0 + r0 * xrow;
+        float res[16];
+        switch (nr) {
+          case 3: bdot2_rows_3(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 4: bdot2_rows_4(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 5: bdot2_rows_5(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 6: bdot2_rows_6(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 7: bdot2_rows_7(w0, s0, w1, s1, nb, x, xrow, res); break;
+          default: bdot2_rows_8(w0, s0, w1, s1, nb, x, xrow, res); break;
+        }
+        for (size_t r = 0; r < nr; ++r) {
+          buf[r0 + r][tile_pos(it, o)] = res[r];
+          buf[r0 + r][tile_pos(it, o1)] = res[nr + r];
+        }
+        r0 += nr;
+      }
     }
     write_tile(it, buf);
     return;

@@ -274,34 +274,35 @@ def reference(x, w, s, bias_f32, rows, magnitude=False):
 @pytest.mark.parametrize("out", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
 def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu_io):
-    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the matvec (2 rows) and GEMM (13 rows) item
-    forms, an expert with no rows, slots with no expert, a partial last tile, tile_n 64) against the reference's rounding and GLU
-    applied to the same kernel's f32 result, for every activation it has; gate and up reach past the clamps."""
-    E, N, K = 3, 160, 96
+    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the bf16 path's item forms: one-row matvec (2
+    rows), two-row matvec (5) and GEMM (13); an expert with no rows, slots with no expert, a partial last tile, tile_n
+    64) against the reference's rounding and GLU applied to the same kernel's f32 result, for every activation it has;
+    gate and up reach past the clamps."""
+    E, N, K = 4, 160, 96
     rng = np.random.default_rng(12)
     w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
     s = rng.integers(121, 127, (E, N, K // 32), dtype=np.uint8)
     bias = rng.standard_normal((E, N)).astype(np.float32)
-    rows = [2, 0, 13]
-    x = (3 * torch.randn(18, K, generator=torch.Generator().manual_seed(7))).bfloat16().float().numpy()
+    rows = [2, 0, 13, 5]
+    x = (3 * torch.randn(23, K, generator=torch.Generator().manual_seed(7))).bfloat16().float().numpy()
     h = run_kernel(kernel, x, w, s, bias, 2, rows, idle=3, x_kind=x_kind)
-    assert 0.1 < np.mean(np.abs(h[:15]) > 7) < 0.9  # both sides of the clamps
+    assert 0.1 < np.mean(np.abs(h[:20]) > 7) < 0.9  # both sides of the clamps
     for glu in glu_io.cases:
         got = run_kernel(kernel, x, w, s, bias, 2, rows, deinterleave=interleaved, idle=3, x_kind=x_kind, glu=glu,
                          out_dt=glu_io.dtypes[out])
-        glu_io.check(got[:15], h[:15], glu, interleaved)
-        assert (got[15:].astype(np.float32) == 0).all()  # the slots with no expert
+        glu_io.check(got[:20], h[:20], glu, interleaved)
+        assert (got[20:].astype(np.float32) == 0).all()  # the slots with no expert
 
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
 @pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
-    (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), 5 rows = a group of 4 and 1, bf16 bias
-    (2, 64, 64, [6, 4], 2, 32),        # f32 bias, one pair; 6 rows: the bf16 path's widest matvec
-    (4, 128, 2880, [1, 1, 8, 10], 3, 64),  # gpt-oss K (90 blocks), f16 bias; GEMM row groups of 4, 4 + 4 + 2
-    (2, 70, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (nor of 4), 5 blocks
+    (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), bf16 bias; bf16 path: one- and two-row matvecs
+    (2, 64, 64, [8, 4], 2, 32),        # f32 bias, one pair; 8 rows: the bf16 path's widest single matvec pass
+    (4, 128, 2880, [1, 2, 10, 13], 3, 64),  # gpt-oss K (90 blocks), f16 bias; 10 rows: two matvec passes; 13: GEMM 4+4+4+1
+    (2, 69, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (a last tile of 5: a lone output), 5 blocks
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
-    (2, 40, 224, [3, 9], 1, 32),       # 7 blocks: one quad, a pair and a lone block; matvec and GEMM rows (4 + 4 + 1)
+    (3, 40, 224, [3, 11, 14], 1, 32),  # 7 blocks: one quad, a pair and a lone block; passes of 6 + 5; GEMM 4+4+4+2
 ])
 def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
     """Exact arithmetic up to f32 accumulation: against float64 on the values the kernel was given (the
@@ -358,7 +359,7 @@ def test_kernel_deinterleaves_gate_up_rows(kernel):
 
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
-@pytest.mark.parametrize("rows", [2, 7], ids=["matvec", "gemm"])
+@pytest.mark.parametrize("rows", [2, 7, 13], ids=["matvec", "matvec2", "gemm"])
 @pytest.mark.parametrize("K", [256, 352], ids=["quads", "quads-pair-lone"])
 def test_kernel_every_code_nan_scale_and_small_activations(kernel, rows, x_kind, K):
     """All 256 weight bytes, scale bytes 0 (2^-127), 1, 2, 252 and 255 (NaN) beside ordinary ones, and
