@@ -587,11 +587,11 @@ BDOT_ROWS(2)
     }                                                                                                    \
   }
 
-/* The matvec of 3-8 rows: two weight rows (w0, w1; res[r] and res[R + r]) decoded in registers as bdot_rows does
- * one.  On Zen 4 a vdpbf16ps with a load of its own takes ~1.5 cycles and with one load per two ~1 (a throughput
+/* One pass (3-8 rows) of the matvec against two weight rows (w0, w1; res[r] and res[R + r]) decoded in registers as
+ * bdot_rows does one.  On Zen 4 a vdpbf16ps with a load of its own takes ~1.5 cycles and with one load per two ~1 (a throughput
  * loop: 8 dp + 8 loads in 12 cycles, 8 dp + 4 loads in 8), so two weight rows sharing each activation load run
  * 71-72% of the vdpbf16ps peak at 4-8 rows against 59-62% for one (weights in L1, build/dev harness, 2026-11-28
- * evening); the decode's permutes and shifts mostly issue beside the dot products. */
+ * night); the decode's permutes and shifts mostly issue beside the dot products. */
 #define BDOT2_ROWS(R)                                                                                    \
   static void bdot2_rows_##R(const uint8_t *w0, const uint8_t *s0, const uint8_t *w1, const uint8_t *s1, \
                              size_t nb, const uint16_t *x, size_t xrow, float *res) {                    \
@@ -833,7 +833,7 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
  * streamed from DRAM, GB/s at 3 / 4 / 5 / 6 / 7 / 8 / 10 / 11 rows, before (one-row matvec to 6 rows, then the GEMM)
  * -> now: 11.0 / 6.8 / 5.7 / 4.5 / 3.8 / 4.2 / 3.5 / 3.1 -> 11.0 / 9.2 / 7.7 / 6.5 / 5.6 / 4.7 / 3.9 / 3.5; at 12-16
  * rows the passes were level with the GEMM or slower, and at 1-2 rows the two-row matvec streamed DRAM slower (10.6
- * against 13.8 GB/s at 2 rows; the whole layer at 8 / 16 tokens 4-6% slower) (2026-11-28 evening). */
+ * against 13.8 GB/s at 2 rows; the whole layer at 8 / 16 tokens 4-6% slower) (2026-11-28 night). */
 #ifndef BF16_MATVEC_ROWS
 #define BF16_MATVEC_ROWS 11
 #endif
