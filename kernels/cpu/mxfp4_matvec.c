@@ -495,81 +495,12 @@ static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512b
  * better); in L2 no change. */
 #define BF16_PREFETCH 2048
 
-/* quad Q of R packed activation rows against the row's weights in registers: the four planes' products summed in
- * f32 per lane (vdpbf16ps), then times their blocks' scales (lanes of sv picked by IDX) into ACC[r] */
-#define QUAD_ROWS(R, ACC, Q, IDX)                                                                         \
-  {                                                                                                      \
-    _mm_prefetch((const char *)(wrow + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                          \
-    __m512bh p_[4];                                                                                      \
-    quad_planes(wrow + 64 * (Q), tab, p_);                                                               \
-    const __m512 sc_ = _mm512_permutexvar_ps(IDX, sv);                                                   \
-    for (int r = 0; r < R; ++r) {                                                                        \
-      const uint16_t *xp = x + r * xrow + 128 * (Q);                                                     \
-      __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), p_[0], (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-      t = _mm512_dpbf16_ps(t, p_[1], (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));               \
-      t = _mm512_dpbf16_ps(t, p_[2], (__m512bh)_mm512_loadu_si512((const void *)(xp + 64)));               \
-      t = _mm512_dpbf16_ps(t, p_[3], (__m512bh)_mm512_loadu_si512((const void *)(xp + 96)));               \
-      ACC[r] = _mm512_fmadd_ps(t, sc_, ACC[r]);                                                          \
-    }                                                                                                    \
-  }
-
-/* matvec: R (1..2) packed activation rows (stride xrow elements) against one weight row decoded
- * in registers.  The e2m1 values come from a constant table (vpermw's index is a word's low 5 bits, and the table
- * repeats every 16 entries, so a plane needs no mask), and the block scales are applied to the planes' f32 sums
- * (one fma per row and quad): fewer ops per value than the GEMM's scaled table when few rows share the decode, and
- * exact for every scale byte.  Quads rather than pairs: one 64-byte load and 3 shifts where two pairs take 2
- * widenings and 2 shifts, and one fma and scale pick per 4 blocks instead of 2: on Zen 4, where each zmm op of
- * these takes the vector pipes a cycle, 21.5 against 17.7 GB/s per core from L2 at R = 1, and 28.4 against 25.1
- * GB/s streamed from DRAM by two cores (build/dev harness, 2026-11-28). */
-#define BDOT_ROWS(R)                                                                                     \
-  static void bdot_rows_##R(const uint8_t *wrow, const uint8_t *srow, size_t nb, const uint16_t *x,      \
-                            size_t xrow, float *res) {                                                   \
-    const size_t nq = row_quads(nb), np = row_pairs(nb);                                                 \
-    const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);                                     \
-    const __m512i i0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);                 \
-    const __m512i four = _mm512_set1_epi32(4), i1 = _mm512_add_epi32(i0, four);                          \
-    const __m512i i2 = _mm512_add_epi32(i1, four), i3 = _mm512_add_epi32(i2, four);                      \
-    __m512 acc0[R], acc1[R];                                                                             \
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();                                 \
-    size_t q = 0;                                                                                        \
-    for (; q + 4 <= nq; q += 4) { /* 4 quads share 16 scales; two accumulators overlap the fma latency */ \
-      const __m512 sv = scales16(srow, nb, 4 * q);                                                       \
-      QUAD_ROWS(R, acc0, q, i0)                                                                          \
-      QUAD_ROWS(R, acc1, q + 1, i1)                                                                      \
-      QUAD_ROWS(R, acc0, q + 2, i2)                                                                      \
-      QUAD_ROWS(R, acc1, q + 3, i3)                                                                      \
-    }                                                                                                    \
-    if (q < nq) {                                                                                        \
-      const __m512 sv = scales16(srow, nb, 4 * q);                                                       \
-      __m512i idx = i0;                                                                                  \
-      for (; q < nq; ++q, idx = _mm512_add_epi32(idx, four)) QUAD_ROWS(R, acc0, q, idx)                  \
-    }                                                                                                    \
-    if (2 * nq < np) { /* the last 1-3 blocks, in pairs */                                               \
-      const __m512 sv = scales16(srow, nb, 4 * nq);                                                      \
-      __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                    \
-      for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {          \
-        __m512bh lo, hi;                                                                                 \
-        pair_planes(wrow + 32 * p, 2 * p + 1 == nb, tab, &lo, &hi);                                      \
-        const __m512 sc = _mm512_permutexvar_ps(idx, sv);                                                \
-        for (int r = 0; r < R; ++r) {                                                                    \
-          const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
-          __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512((const void *)xp)); \
-          t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512((const void *)(xp + 32)));            \
-          acc1[r] = _mm512_fmadd_ps(t, sc, acc1[r]);                                                     \
-        }                                                                                                \
-      }                                                                                                  \
-    }                                                                                                    \
-    for (int r = 0; r < R; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));         \
-  }
-BDOT_ROWS(1)
-BDOT_ROWS(2)
-
 /* quad Q of R packed activation rows against two weight rows w0, w1 in registers (planes p, q; scales picked from
  * sv0, sv1 by IDX) into A0[r], A1[r]: each activation load feeds both rows' dot products */
-#define QUAD2_ROWS(R, A0, A1, Q, IDX)                                                                    \
+#define QUAD_ROWS(R, A0, A1, Q, IDX)                                                                    \
   {                                                                                                      \
-    _mm_prefetch((const char *)(w0 + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                            \
-    _mm_prefetch((const char *)(w1 + 64 * (Q) + BF16_PREFETCH), _MM_HINT_T0);                            \
+    _mm_prefetch(pf0 + pfs * (Q), _MM_HINT_T0);                                                          \
+    _mm_prefetch(pf1 + pfs * (Q), _MM_HINT_T0);                                                          \
     __m512bh p_[4], q_[4];                                                                               \
     quad_planes(w0 + 64 * (Q), tab, p_);                                                                 \
     quad_planes(w1 + 64 * (Q), tab, q_);                                                                 \
@@ -587,23 +518,36 @@ BDOT_ROWS(2)
     }                                                                                                    \
   }
 
-/* One pass (3-8 rows) of the matvec against two weight rows (w0, w1; res[r] and res[R + r]) decoded in registers as
- * bdot_rows does one.  On Zen 4 a vdpbf16ps with a load of its own takes ~1.5 cycles and with one load per two ~1 (a throughput
- * loop: 8 dp + 8 loads in 12 cycles, 8 dp + 4 loads in 8), so two weight rows sharing each activation load run
- * 71-72% of the vdpbf16ps peak at 4-8 rows against 59-62% for one (weights in L1, build/dev harness, 2026-11-28
- * night); the decode's permutes and shifts mostly issue beside the dot products. */
-#define BDOT2_ROWS(R)                                                                                    \
-  static void bdot2_rows_##R(const uint8_t *w0, const uint8_t *s0, const uint8_t *w1, const uint8_t *s1, \
+/* The matvec: one pass of R (1-8) packed activation rows (stride xrow elements) against two weight rows (w0, w1;
+ * res[r] and res[R + r]) decoded in registers.  The e2m1 values come from a constant table (quad_planes), and the
+ * block scales are applied to the planes' f32 sums (one fma per weight row, activation row and quad): fewer ops per
+ * value than the GEMM's scaled table when few rows share the decode, and exact for every scale byte.  Quads rather
+ * than pairs: one 64-byte load and 3 shifts where two pairs take 2 widenings and 2 shifts, and one fma and scale
+ * pick per 4 blocks instead of 2 (one weight row, 2026-11-28: 21.5 against 17.7 GB/s per core from L2 at one row).
+ * Two weight rows because on Zen 4 a vdpbf16ps with a load of its own takes ~1.5 cycles and with one load per two ~1
+ * (a throughput loop: 8 dp + 8 loads in 12 cycles, 8 dp + 4 loads in 8): sharing each activation load, they run
+ * 71-72% of the vdpbf16ps peak at 4-8 rows against 59-62% for one weight row (weights in L1, build/dev harness,
+ * 2026-11-28 night), and the decode's permutes and shifts mostly issue beside the dot products.  At 1-2 rows two
+ * adjacent weight rows are prefetched as the one stream they are: prefetching each row 2 KB ahead, as for rows
+ * apart, streamed DRAM slower than one weight row (harness, 1 / 2 rows: 12.5 / 10.7 against 17.5 / 14.1 GB/s;
+ * as one stream 21.3-21.7 / 15.7-15.9). */
+#define BDOT_ROWS(R)                                                                                    \
+  static void bdot_rows_##R(const uint8_t *w0, const uint8_t *s0, const uint8_t *w1, const uint8_t *s1, \
                              size_t nb, const uint16_t *x, size_t xrow, float *res) {                    \
     const size_t nq = row_quads(nb), np = row_pairs(nb);                                                 \
     const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16), four = _mm512_set1_epi32(4);        \
+    /* at 1-2 rows, adjacent rows are one stream: its lines ahead, two per quad; else each row's, BF16_PREFETCH ahead */ \
+    const int one = R <= 2 && w1 == w0 + 16 * nb;                                                       \
+    const char *pf0 = (const char *)w0 + (one ? 2 : 1) * BF16_PREFETCH;                                  \
+    const char *pf1 = one ? pf0 + 64 : (const char *)w1 + BF16_PREFETCH;                                 \
+    const size_t pfs = one ? 128 : 64;                                                                   \
     __m512 a0[R], a1[R];                                                                                 \
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();                                     \
     for (size_t q = 0; q < nq; q += 4) { /* 4 quads share 16 scales */                                   \
       const __m512 sv0 = scales16(s0, nb, 4 * q), sv1 = scales16(s1, nb, 4 * q);                         \
       __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);                    \
       for (size_t j = q; j < q + 4 && j < nq; ++j, idx = _mm512_add_epi32(idx, four))                   \
-        QUAD2_ROWS(R, a0, a1, j, idx)                                                                    \
+        QUAD_ROWS(R, a0, a1, j, idx)                                                                    \
     }                                                                                                    \
     if (2 * nq < np) { /* the last 1-3 blocks, in pairs */                                               \
       const __m512 sv0 = scales16(s0, nb, 4 * nq), sv1 = scales16(s1, nb, 4 * nq);                       \
@@ -627,12 +571,14 @@ BDOT_ROWS(2)
       res[R + r] = _mm512_reduce_add_ps(a1[r]);                                                          \
     }                                                                                                    \
   }
-BDOT2_ROWS(3)
-BDOT2_ROWS(4)
-BDOT2_ROWS(5)
-BDOT2_ROWS(6)
-BDOT2_ROWS(7)
-BDOT2_ROWS(8)
+BDOT_ROWS(1)
+BDOT_ROWS(2)
+BDOT_ROWS(3)
+BDOT_ROWS(4)
+BDOT_ROWS(5)
+BDOT_ROWS(6)
+BDOT_ROWS(7)
+BDOT_ROWS(8)
 
 
 /* lane i = the sum of the lanes of v[i]: a transposing tree of 15 unpack/shuffle + add pairs (a
@@ -827,13 +773,12 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 }
 
 #if MXMOE_BF16
-/* at most this many rows per item take the matvec (weights decoded in registers once per row group): 1-2 rows one
- * weight row at a time (bdot_rows), 3-11 two at a time (bdot2_rows, in two passes past 8 rows); more take the GEMM
- * (4 weight rows decoded to a buffer once per item).  Single-thread harness (benchmarks/cpu_rows16.c), weights
- * streamed from DRAM, GB/s at 3 / 4 / 5 / 6 / 7 / 8 / 10 / 11 rows, before (one-row matvec to 6 rows, then the GEMM)
- * -> now: 11.0 / 6.8 / 5.7 / 4.5 / 3.8 / 4.2 / 3.5 / 3.1 -> 11.0 / 9.2 / 7.7 / 6.5 / 5.6 / 4.7 / 3.9 / 3.5; at 12-16
- * rows the passes were level with the GEMM or slower, and at 1-2 rows the two-row matvec streamed DRAM slower (10.6
- * against 13.8 GB/s at 2 rows; the whole layer at 8 / 16 tokens 4-6% slower) (2026-11-28 night). */
+/* at most this many rows per item take the matvec (two weight rows decoded in registers at a time, in two passes
+ * past 8 rows); more take the GEMM (4 weight rows decoded to a buffer once per item).  Single-thread harness
+ * (benchmarks/cpu_rows16.c), weights streamed from DRAM, GB/s at 1 / 2 / 3 / 4 / 5 / 6 / 7 / 8 / 10 / 11 rows: one
+ * weight row to 6 rows then the GEMM (2026-11-28 evening) 17.4 / 14.1 / 11.0 / 6.8 / 5.7 / 4.5 / 3.8 / 4.2 / 3.5 /
+ * 3.1, now 21.3-21.7 / 15.7-15.9 / 9.9-10.3 / 8.1-9.2 / 6.7-7.7 / 5.8-6.5 / 5.3-5.6 / 4.7-4.9 / 3.9 / 3.5; at 12-16
+ * rows the passes were level with the GEMM or slower (2026-11-28 night). */
 #ifndef BF16_MATVEC_ROWS
 #define BF16_MATVEC_ROWS 11
 #endif
@@ -843,19 +788,8 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
-  if (rows <= 2) {
-    for (size_t o = it->n0; o < it->n1; ++o) {
-      const uint8_t *wrow = it->w + weight_row(it, o) * kh, *srow = it->s + weight_row(it, o) * nb;
-      float res[2];
-      if (rows == 1) bdot_rows_1(wrow, srow, nb, x0, xrow, res);
-      else bdot_rows_2(wrow, srow, nb, x0, xrow, res);
-      for (size_t r = 0; r < rows; ++r) buf[r][tile_pos(it, o)] = res[r];
-    }
-    write_tile(it, buf);
-    return;
-  }
   if (rows <= BF16_MATVEC_ROWS) {
-    const size_t passes = (rows + 7) / 8; /* of 3-8 rows each, the weight rows staying in L1 between them */
+    const size_t passes = (rows + 7) / 8; /* of up to 8 rows each, the weight rows staying in L1 between them */
     for (size_t o = it->n0; o < it->n1; o += 2) {
       const size_t o1 = o + 1 < it->n1 ? o + 1 : o; /* a lone last output pairs with itself */
       const uint8_t *w0 = it->w + weight_row(it, o) * kh, *s0 = it->s + weight_row(it, o) * nb;
@@ -865,12 +799,14 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
         const uint16_t *x = x0 + r0 * xrow;
         float res[16];
         switch (nr) {
-          case 3: bdot2_rows_3(w0, s0, w1, s1, nb, x, xrow, res); break;
-          case 4: bdot2_rows_4(w0, s0, w1, s1, nb, x, xrow, res); break;
-          case 5: bdot2_rows_5(w0, s0, w1, s1, nb, x, xrow, res); break;
-          case 6: bdot2_rows_6(w0, s0, w1, s1, nb, x, xrow, res); break;
-          case 7: bdot2_rows_7(w0, s0, w1, s1, nb, x, xrow, res); break;
-          default: bdot2_rows_8(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 1: bdot_rows_1(w0, s0, w1, s1, nb, x, xrow, res); break;
+        case 2: bdot_rows_2(w0, s0, w1, s1, nb, x, xrow, res); break;
+        case 3: bdot_rows_3(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 4: bdot_rows_4(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 5: bdot_rows_5(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 6: bdot_rows_6(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 7: bdot_rows_7(w0, s0, w1, s1, nb, x, xrow, res); break;
+          default: bdot_rows_8(w0, s0, w1, s1, nb, x, xrow, res); break;
         }
         for (size_t r = 0; r < nr; ++r) {
           buf[r0 + r][tile_pos(it, o)] = res[r];

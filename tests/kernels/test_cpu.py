@@ -274,8 +274,8 @@ def reference(x, w, s, bias_f32, rows, magnitude=False):
 @pytest.mark.parametrize("out", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
 def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu_io):
-    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the bf16 path's item forms: one-row matvec (2
-    rows), two-row matvec (5) and GEMM (13); an expert with no rows, slots with no expert, a partial last tile, tile_n
+    """The GLU epilogue (gate/up rows interleaved or in halves, bias; the bf16 path's item forms: matvec (2 rows: its
+    weight rows prefetched as one stream where adjacent; 5 rows) and GEMM (13); an expert with no rows, slots with no expert, a partial last tile, tile_n
     64) against the reference's rounding and GLU applied to the same kernel's f32 result, for every activation it has;
     gate and up reach past the clamps."""
     E, N, K = 4, 160, 96
@@ -296,7 +296,7 @@ def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
 @pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
-    (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), bf16 bias; bf16 path: one- and two-row matvecs
+    (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), bf16 bias; bf16 path: matvecs of 1, 3, 5 rows
     (2, 64, 64, [8, 4], 2, 32),        # f32 bias, one pair; 8 rows: the bf16 path's widest single matvec pass
     (4, 128, 2880, [1, 2, 10, 13], 3, 64),  # gpt-oss K (90 blocks), f16 bias; 10 rows: two matvec passes; 13: GEMM 4+4+4+1
     (2, 69, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (a last tile of 5: a lone output), 5 blocks
@@ -359,7 +359,7 @@ def test_kernel_deinterleaves_gate_up_rows(kernel):
 
 
 @pytest.mark.parametrize("x_kind", [2, 1], ids=["f32-int16", "bf16"])
-@pytest.mark.parametrize("rows", [2, 7, 13], ids=["matvec", "matvec2", "gemm"])
+@pytest.mark.parametrize("rows", [2, 7, 13], ids=["matvec2", "matvec7", "gemm"])
 @pytest.mark.parametrize("K", [256, 352], ids=["quads", "quads-pair-lone"])
 def test_kernel_every_code_nan_scale_and_small_activations(kernel, rows, x_kind, K):
     """All 256 weight bytes, scale bytes 0 (2^-127), 1, 2, 252 and 255 (NaN) beside ordinary ones, and
