@@ -40,8 +40,8 @@
  * 2^(s - 127) is an exact bf16 for scale bytes 2..252; a row whose scales leave that range takes an f32 decode,
  * exact up to bf16 subnormals, NaN for byte 255) and the matvec applies in f32 to each quad's sums, so the
  * products are exact and vdpbf16ps accumulates them in f32: the only rounding is the f32 accumulation,
- * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded quad stays in
- * registers and meets each row (the matvec); more rows: 4 weight rows are decoded to a buffer once and a
+ * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded quads of two weight rows
+ * stay in registers and meet each row (the matvec); more rows: 4 weight rows are decoded to a buffer once and a
  * 4 x 4 register block of dot products runs over them (the GEMM), so the decode is shared by every row.
  */
 #include <immintrin.h>
@@ -389,7 +389,8 @@ static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders,
  * scales applied: one 64-entry table of the four blocks (vpermt2w), a plane's word i indexing block i / 8's part. */
 static inline void decode_quad_bf16(const uint8_t *wp, __m512i adders, size_t t, __m512i out[4]) {
   const __m512i two = _mm512_mask_set1_epi16(_mm512_set1_epi16((short)(4 * t)), 0xFFFF0000u, (short)(4 * t + 1));
-  const __m512i tab_a = scaled_table(adders, two), tab_b = scaled_table(adders, _mm512_add_epi16(two, _mm512_set1_epi16(2)));
+  const __m512i tab_a = scaled_table(adders, two);
+  const __m512i tab_b = scaled_table(adders, _mm512_add_epi16(two, _mm512_set1_epi16(2)));
   const __m512i sel = _mm512_set_epi64(0x0030003000300030, 0x0030003000300030, 0x0020002000200020, 0x0020002000200020,
                                        0x0010001000100010, 0x0010001000100010, 0, 0);
   const __m512i v = _mm512_loadu_si512((const void *)wp), low4 = _mm512_set1_epi16(0x0F);
@@ -417,18 +418,36 @@ static inline __m512 two_scales(const uint8_t *sp) {
   return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(sp[0])), _mm512_set1_ps(e8m0(sp[1])));
 }
 
+/* a quad's four planes of e2m1 values as bf16, unscaled (tab: E2M1_BF16; vpermw reads a word's low 5 bits and the
+ * table repeats every 16 entries, so a plane needs no mask) */
+static inline void quad_planes(const uint8_t *wp, __m512i tab, __m512bh p[4]) {
+  const __m512i v = _mm512_loadu_si512((const void *)wp);
+  p[0] = (__m512bh)_mm512_permutexvar_epi16(v, tab);
+  p[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
+  p[2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tab);
+  p[3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tab);
+}
+
+/* a pair's two halves (lo: values 0..15 of both blocks, hi: 16..31) as bf16, unscaled; `lone`: the row's last block */
+static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512bh *lo, __m512bh *hi) {
+  const __m512i v = pair_words(wp, lone);
+  *lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);
+  *hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
+}
+
 /* decode_pair_bf16 and decode_quad_bf16 through f32, for rows with scale bytes outside 2..252 */
 static inline void decode_pair_bf16_exact(const uint8_t *wp, const uint8_t *sp, int lone, __m512i *lo, __m512i *hi) {
-  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16);
-  const __m512i v = pair_words(wp, lone);
+  __m512bh l, h;
+  pair_planes(wp, lone, _mm512_loadu_si512((const void *)E2M1_BF16), &l, &h);
   const __m512 s0 = _mm512_set1_ps(e8m0(sp[0])), s1 = _mm512_set1_ps(lone ? 0.0f : e8m0(sp[1]));
-  *lo = scale_exact(_mm512_permutexvar_epi16(v, tab), s0, s1);
-  *hi = scale_exact(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab), s0, s1);
+  *lo = scale_exact((__m512i)l, s0, s1);
+  *hi = scale_exact((__m512i)h, s0, s1);
 }
 static inline void decode_quad_bf16_exact(const uint8_t *wp, const uint8_t *sp, __m512i out[4]) {
-  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16), v = _mm512_loadu_si512((const void *)wp);
+  __m512bh p[4];
+  quad_planes(wp, _mm512_loadu_si512((const void *)E2M1_BF16), p);
   const __m512 s01 = two_scales(sp), s23 = two_scales(sp + 2);
-  for (int n = 0; n < 4; ++n) out[n] = scale_exact(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4 * n), tab), s01, s23);
+  for (int n = 0; n < 4; ++n) out[n] = scale_exact((__m512i)p[n], s01, s23);
 }
 
 /* A weight row of nb blocks decoded to dst (2 row_pairs(nb) vectors, the order above) with its scales applied,
@@ -473,26 +492,10 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
   return _mm512_castsi512_ps(v);
 }
 
-/* a quad's four planes of e2m1 values as bf16, unscaled (tab: E2M1_BF16; vpermw reads a word's low 5 bits and the
- * table repeats every 16 entries, so a plane needs no mask) */
-static inline void quad_planes(const uint8_t *wp, __m512i tab, __m512bh p[4]) {
-  const __m512i v = _mm512_loadu_si512((const void *)wp);
-  p[0] = (__m512bh)_mm512_permutexvar_epi16(v, tab);
-  p[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
-  p[2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tab);
-  p[3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tab);
-}
-
-/* a pair's two halves (lo: values 0..15 of both blocks, hi: 16..31) as bf16, unscaled; `lone`: the row's last block */
-static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512bh *lo, __m512bh *hi) {
-  const __m512i v = pair_words(wp, lone);
-  *lo = (__m512bh)_mm512_permutexvar_epi16(v, tab);
-  *hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab);
-}
-
-/* bytes ahead of the weights being read that the matvec prefetches.  Single-thread harness, weights from DRAM,
- * GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024 and 4096 no
- * better); in L2 no change. */
+/* bytes ahead of each weight row being read that the matvec prefetches (twice that for two adjacent rows read as
+ * one stream: bdot_rows).  Measured with the one-row matvec of 2026-11-28 evening, single-thread harness, weights
+ * from DRAM, GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024
+ * and 4096 no better); in L2 no change. */
 #define BF16_PREFETCH 2048
 
 /* quad Q of R packed activation rows against two weight rows w0, w1 in registers (planes p, q; scales picked from
@@ -536,7 +539,7 @@ static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512b
                              size_t nb, const uint16_t *x, size_t xrow, float *res) {                    \
     const size_t nq = row_quads(nb), np = row_pairs(nb);                                                 \
     const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16), four = _mm512_set1_epi32(4);        \
-    /* at 1-2 rows, adjacent rows are one stream: its lines ahead, two per quad; else each row's, BF16_PREFETCH ahead */ \
+    /* at 1-2 rows adjacent rows are one stream: its lines, two per quad; else each row's, BF16_PREFETCH ahead */ \
     const int one = R <= 2 && w1 == w0 + 16 * nb;                                                       \
     const char *pf0 = (const char *)w0 + (one ? 2 : 1) * BF16_PREFETCH;                                  \
     const char *pf1 = one ? pf0 + 64 : (const char *)w1 + BF16_PREFETCH;                                 \
@@ -561,8 +564,10 @@ static inline void pair_planes(const uint8_t *wp, int lone, __m512i tab, __m512b
           const uint16_t *xp = x + r * xrow + 64 * p;                                                    \
           const __m512bh xl = (__m512bh)_mm512_loadu_si512((const void *)xp);                            \
           const __m512bh xh = (__m512bh)_mm512_loadu_si512((const void *)(xp + 32));                     \
-          a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l0, xl), h0, xh), sc0, a0[r]); \
-          a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l1, xl), h1, xh), sc1, a1[r]); \
+          const __m512 t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l0, xl), h0, xh);         \
+          const __m512 u = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), l1, xl), h1, xh);         \
+          a0[r] = _mm512_fmadd_ps(t, sc0, a0[r]);                                                        \
+          a1[r] = _mm512_fmadd_ps(u, sc1, a1[r]);                                                        \
         }                                                                                                \
       }                                                                                                  \
     }                                                                                                    \
@@ -800,8 +805,8 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
         float res[16];
         switch (nr) {
           case 1: bdot_rows_1(w0, s0, w1, s1, nb, x, xrow, res); break;
-        case 2: bdot_rows_2(w0, s0, w1, s1, nb, x, xrow, res); break;
-        case 3: bdot_rows_3(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 2: bdot_rows_2(w0, s0, w1, s1, nb, x, xrow, res); break;
+          case 3: bdot_rows_3(w0, s0, w1, s1, nb, x, xrow, res); break;
           case 4: bdot_rows_4(w0, s0, w1, s1, nb, x, xrow, res); break;
           case 5: bdot_rows_5(w0, s0, w1, s1, nb, x, xrow, res); break;
           case 6: bdot_rows_6(w0, s0, w1, s1, nb, x, xrow, res); break;

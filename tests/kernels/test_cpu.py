@@ -275,9 +275,9 @@ def reference(x, w, s, bias_f32, rows, magnitude=False):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
 def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu_io):
     """The GLU epilogue (gate/up rows interleaved or in halves, bias; the bf16 path's item forms: matvec (2 rows: its
-    weight rows prefetched as one stream where adjacent; 5 rows) and GEMM (13); an expert with no rows, slots with no expert, a partial last tile, tile_n
-    64) against the reference's rounding and GLU applied to the same kernel's f32 result, for every activation it has;
-    gate and up reach past the clamps."""
+    weight rows prefetched as one stream where adjacent; 5 rows) and GEMM (13); an expert with no rows, slots with
+    no expert, a partial last tile, tile_n 64) against the reference's rounding and GLU applied to the same kernel's
+    f32 result, for every activation it has; gate and up reach past the clamps."""
     E, N, K = 4, 160, 96
     rng = np.random.default_rng(12)
     w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
@@ -298,8 +298,8 @@ def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu
 @pytest.mark.parametrize("E,N,K,rows,bias_kind,tile_n", [
     (3, 96, 96, [1, 3, 5], 1, 64),     # 3 blocks (a lone last block), bf16 bias; bf16 path: matvecs of 1, 3, 5 rows
     (2, 64, 64, [8, 4], 2, 32),        # f32 bias, one pair; 8 rows: the bf16 path's widest single matvec pass
-    (4, 128, 2880, [1, 2, 10, 13], 3, 64),  # gpt-oss K (90 blocks), f16 bias; 10 rows: two matvec passes; 13: GEMM 4+4+4+1
-    (2, 69, 160, [7, 1], 0, 64),       # no bias, N not a multiple of the tile (a last tile of 5: a lone output), 5 blocks
+    (4, 128, 2880, [1, 2, 10, 13], 3, 64),  # gpt-oss K (90 blocks), f16 bias; 10: two matvec passes; 13: GEMM
+    (2, 69, 160, [7, 1], 0, 64),       # no bias, 5 blocks, N not a multiple of the tile: a last tile of 5 outputs
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
     (3, 40, 224, [3, 11, 14], 1, 32),  # 7 blocks: one quad, a pair and a lone block; passes of 5 + 6; GEMM 4+4+4+2
