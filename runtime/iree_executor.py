@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from mxmoe.runtime.invoker import invoker_for
+
 PARAMETER_SCOPE = "model"
 
 _CONFIGS: dict[str, object] = {}
@@ -60,6 +62,8 @@ class IreeExecutor:
                    rt.VmModule.copy_buffer(inst, vmfb)]
         self._context = rt.SystemContext(vm_modules=modules, config=self._config)
         self._lock = threading.Lock()
+        # local-task calls are made from a thread that yields to IREE's workers (runtime/invoker.py)
+        self._invoke = invoker_for(driver)
         self._fn = self._lookup(function)
 
     def _lookup(self, name: str):
@@ -78,7 +82,7 @@ class IreeExecutor:
 
     def _run(self, fn, inputs) -> list[np.ndarray]:
         with self._lock:
-            out = fn(*inputs)
+            out = self._invoke(fn, *inputs) if self._invoke is not None else fn(*inputs)
             outs = out if isinstance(out, (list, tuple)) else [out]
             return [np.asarray(o.to_host()).copy() for o in outs]
 
