@@ -71,7 +71,8 @@ class Invoker:
             del fn, args, reply  # hold nothing of a call (inputs, buffers) until the next one
 
     def __call__(self, fn, *args):
-        if threading.get_ident() == self._ident:  # a call made from inside a call: run it here
+        # a call made from inside a call, or in a forked child (where the thread does not exist): run it here
+        if threading.get_ident() == self._ident or os.getpid() != self._pid:
             return fn(*args)
         reply: queue.SimpleQueue = queue.SimpleQueue()
         self._requests.put((fn, args, reply))

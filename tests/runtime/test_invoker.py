@@ -41,6 +41,13 @@ def test_a_call_made_inside_a_call_runs_there():
     assert inv(lambda: inv(lambda: threading.get_ident()) == threading.get_ident())
 
 
+def test_in_a_forked_child_calls_run_on_the_calling_thread(monkeypatch):
+    inv = Invoker(2)
+    assert inv(threading.get_ident) != threading.get_ident()
+    monkeypatch.setattr(inv, "_pid", os.getpid() + 1)  # as seen from a child forked after the thread started
+    assert inv(threading.get_ident) == threading.get_ident()
+
+
 def test_concurrent_callers_each_get_their_own_result():
     inv = Invoker(1)
     out = {}
