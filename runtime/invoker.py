@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 
 DEFAULT_NICE = 10
 ENV_NICE = "MXMOE_CALL_NICE"
 
-_SHARED: dict[str, "Invoker | None"] = {}
+_SHARED: dict[str, "Invoker"] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -42,8 +43,8 @@ def call_nice() -> int:
 
 
 class Invoker:
-    """One daemon thread, ``nice`` above the process's priority, that runs the functions given to it one at a time
-    and hands back their results (or raises their exceptions) in the calling thread."""
+    """One daemon thread, ``nice`` levels below the thread that makes it, that runs the functions given to it one
+    at a time and hands back their results (or raises their exceptions) in the calling thread."""
 
     def __init__(self, nice: int):
         self.nice = nice
@@ -85,8 +86,9 @@ class Invoker:
 def invoker_for(driver: str) -> "Invoker | None":
     """The process's invoker for ``driver``'s calls: one for ``local-task`` unless ``MXMOE_CALL_NICE=0``, None for
     the other drivers (``local-sync`` computes on the calling thread itself, a GPU driver's wait is not on CPU
-    workers). A forked child gets an invoker of its own (threads do not survive a fork)."""
-    if driver != "local-task" or not hasattr(os, "setpriority"):
+    workers) and off Linux (where a nice value is per process, not per thread). A forked child gets an invoker of
+    its own (threads do not survive a fork)."""
+    if driver != "local-task" or not sys.platform.startswith("linux"):
         return None
     nice = call_nice()
     with _SHARED_LOCK:
