@@ -5,8 +5,8 @@ task system's workers and spins in that wait (0.3-0.6 ms of CPU a call on a gpt-
 token count; docs/cpu.md). Where the workers have no spare core (one worker per core, or a busy host) the
 scheduler shares a core between the spinning caller and a worker, and the worker can lose its core for
 milliseconds. Made from a thread of lower priority (a higher nice value), the same calls leave the workers their
-cores: on the 2-vCPU host of docs/cpu.md, 2 workers, a gpt-oss-20b layer at 4 tokens went from p75 / p90 8.0 /
-10.4 ms to 6.0 / 6.2 (fastest calls the same). Only the calling thread's priority changes: the workers are made
+cores: on the 2-vCPU host of docs/cpu.md, 2 workers, a gpt-oss-20b layer at 4 tokens went from p75 / p90 8.2 /
+10.8 ms to 6.7 / 7.3 (fastest calls the same). Only the calling thread's priority changes: the workers are made
 by the IREE device and keep the priority of the thread that made it.
 
 ``MXMOE_CALL_NICE`` sets how much higher the calling thread's nice value is (default 10; 0 calls on the caller's
