@@ -52,8 +52,7 @@ class Invoker:
         self._pid = os.getpid()
         self._ident: int | None = None
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,), name="mxmoe-iree-calls", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._serve, args=(ready,), name="mxmoe-iree-calls", daemon=True).start()
         ready.wait()
 
     def _serve(self, ready: threading.Event) -> None:
