@@ -17,8 +17,8 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
   python benchmarks/gpu_moe.py --plans build/gpu_plans --activations mxfp8 --tokens 512,1024,4096,16384
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
-of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, and, as "1-call
-graph", of a graph holding one; above 512 tokens eager calls, alternating with the peer's when it runs), the
+of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, each on scratch it reserved
+as a serving engine's does, and, as "1-call graph", of a graph holding one; above 512 tokens eager calls, alternating with the peer's when it runs), the
 torch baseline in the same run (router + top-k, then the selected experts
 dequantized to bf16 and run through ``torch._grouped_mm``, or a per-expert loop where that is
 missing), bytes moved (selected experts' MXFP4 weights + scales + biases, router, activations in and
@@ -199,6 +199,9 @@ def dequant_lut(torch, device):
 BASELINE = {"gemm": "torch._grouped_mm"}
 #: forwards per CUDA graph for the "mxmoe us" column (T <= 512); "1-call graph us" replays one at a time
 GRAPH_REPS = 10
+#: the largest token count timed in CUDA graphs; the executors reserve the scratch of calls up to it, as a
+#: serving engine's graphs hold it (``mxmoe.engine``'s ``max_capture_size``): larger calls allocate their own
+GRAPH_MAX_TOKENS = 512
 
 
 def torch_baseline(torch, F, layer, x, lut):
@@ -308,6 +311,8 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
             ex = TritonExecutor(plan, params, binaries)
             copies = [TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
                       for shift in (1, 2, 3)]
+            for e in [ex] + copies:  # the graph rows' scratch kept from call to call, as mxmoe.engine keeps it
+                e.reserve(GRAPH_MAX_TOKENS)
             E, k, H, I, S = cfg.num_experts, cfg.top_k, cfg.hidden, cfg.intermediate, cfg.shared_intermediate
             peer_cannot = (why_not or "not loaded") if peer is None else peer.unsupported(cfg)
             peer_layers = [peer.layer(layer) for _ in range(4)] if peer_cannot is None else []
@@ -396,6 +401,8 @@ def timeline(plans_dir: str, models: list[str], tokens: list[int]) -> None:
         exs = [TritonExecutor(plan, params, binaries)] + [
             TritonExecutor(plan, rolled_params(torch, params, layer.config.num_experts, shift), binaries)
             for shift in (1, 2, 3)]
+        for e in exs:
+            e.reserve(GRAPH_MAX_TOKENS)
         for T in tokens:
             x = sample_tokens(torch, T, layer.config.hidden)
             for ex in exs:  # first calls allocate (e.g. the executors' dummy arguments): not inside the capture

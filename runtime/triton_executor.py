@@ -185,6 +185,7 @@ class TritonExecutor:
         self._dummies: dict[str, torch.Tensor] = {}
         self._launch_cache: dict[int, tuple] = {}
         self._reserved: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._zeros_left = False  # the reserved zeroed memory is zero (the last call left it so)
         self._lock = threading.Lock()
         self.mode = self._pick_mode(mode, binaries or {})
 
@@ -232,8 +233,8 @@ class TritonExecutor:
         plan = self.kernel_plan
         cls = plan.shape_class(num_tokens)
         env = cls.environment(num_tokens)
-        buffers = [(name, tuple(evaluate(d, env) for d in b.shape), torch_dtype(b.dtype), b.init == "zeros")
-                   for name, b in plan.buffers.items()]
+        buffers = [(name, tuple(evaluate(d, env) for d in b.shape), torch_dtype(b.dtype), b.init == "zeros",
+                    b.left_zero) for name, b in plan.buffers.items()]
         steps = []
         for launch in cls.launches:
             entry = plan.kernels[launch.kernel]
@@ -319,17 +320,30 @@ class TritonExecutor:
         return self._launches(num_tokens)[1]
 
     def new_buffers(self, num_tokens: int) -> dict[str, torch.Tensor]:
-        """The plan's scratch buffers for ``num_tokens`` as a call allocates them: every zero-initialised one a
-        view of one zeroed allocation (one memset per forward), the others uninitialised. Up to the token count of
-        :meth:`reserve`, views of the reserved memory instead (no allocation: what CUDA-graph capture needs)."""
+        """The plan's scratch buffers for ``num_tokens``, newly allocated: every zero-initialised one a view of one
+        zeroed allocation, the others uninitialised (for launching steps one by one; whole calls also use the
+        memory of :meth:`reserve`)."""
+        return self._call_buffers(num_tokens, reserved=False)[0]
+
+    def _call_buffers(self, num_tokens: int, reserved: bool) -> tuple[dict[str, torch.Tensor], bool]:
+        """A call's scratch, and whether the call leaves the reserved zeroed memory zero when it completes.
+        ``reserved`` (whole calls only) and up to the token count of :meth:`reserve`: views of the reserved memory
+        (no allocation: what CUDA-graph capture needs). Its zeroed part is zeroed only when the last call did not
+        leave it zero: the plan's ``left_zero`` buffers are zero again at the end of every whole call, and only
+        whole calls use that memory, so a call that completes leaves it as it found it (a call that raised, or a
+        plan whose zeroed buffers are not all ``left_zero``, gets the memset again)."""
         specs = self._launches(num_tokens)[0]
-        zeroed = [(n, shp, dt) for n, shp, dt, zero in specs if zero]
-        other = [(n, shp, dt) for n, shp, dt, zero in specs if not zero]
+        zeroed = [(n, shp, dt) for n, shp, dt, zero, _ in specs if zero]
+        other = [(n, shp, dt) for n, shp, dt, zero, _ in specs if not zero]
         zero_bytes, other_bytes = self._arena_bytes(zeroed), self._arena_bytes(other)
-        reserved = self._reserved
-        if reserved is not None and num_tokens <= reserved[0]:
-            zpool, opool = reserved[1][:zero_bytes], reserved[2][:other_bytes]
-            zpool.zero_()
+        keep = self._reserved
+        leaves_zero = False
+        if reserved and keep is not None and num_tokens <= keep[0]:
+            zpool, opool = keep[1][:zero_bytes], keep[2][:other_bytes]
+            if not self._zeros_left:
+                zpool.zero_()
+            self._zeros_left = False  # until this call completes
+            leaves_zero = all(kept for _, _, _, zero, kept in specs if zero)
         else:
             zpool = torch.zeros(zero_bytes, dtype=torch.uint8, device=self.device)
             opool = torch.empty(other_bytes, dtype=torch.uint8, device=self.device)
@@ -340,7 +354,7 @@ class TritonExecutor:
                 n = math.prod(shp) * dtype.itemsize
                 buffers[name] = pool[offset:offset + n].view(dtype).view(shp)
                 offset += -(-n // 256) * 256
-        return buffers
+        return buffers, leaves_zero
 
     @staticmethod
     def _arena_bytes(group) -> int:
@@ -357,10 +371,11 @@ class TritonExecutor:
         bounds = {c.max_tokens for c in self.kernel_plan.classes if c.max_tokens is not None}
         for t in sorted({t for t in bounds if t <= max_tokens} | {max_tokens}):  # sizes grow with T inside a class
             specs = self._launches(t)[0]
-            zero = max(zero, self._arena_bytes([(n, s, d) for n, s, d, z in specs if z]))
-            other = max(other, self._arena_bytes([(n, s, d) for n, s, d, z in specs if not z]))
+            zero = max(zero, self._arena_bytes([(n, s, d) for n, s, d, z, _ in specs if z]))
+            other = max(other, self._arena_bytes([(n, s, d) for n, s, d, z, _ in specs if not z]))
         self._reserved = (max_tokens, torch.zeros(zero, dtype=torch.uint8, device=self.device),
                           torch.empty(other, dtype=torch.uint8, device=self.device))
+        self._zeros_left = True
         for dtype in {a.dtype or "float32" for e in self.kernel_plan.kernels.values() for a in e.args
                       if a.bind == "none"}:
             self._dummy(dtype)  # made now, not inside a capture
@@ -374,7 +389,7 @@ class TritonExecutor:
         first. For tests of single kernels and for timing launches apart. ``inputs``: the plan's extra inputs by
         name (checked by ``__call__``)."""
         num_tokens = x.shape[0]
-        bufs = self.new_buffers(num_tokens)
+        bufs, leaves_zero = self._call_buffers(num_tokens, reserved=kernels is None and not buffers)
         for name, value in (buffers or {}).items():
             bufs[name].copy_(value)
 
@@ -388,6 +403,8 @@ class TritonExecutor:
             for step in self.steps(num_tokens):
                 if kernels is None or step.kernel in kernels:
                     self.launch(step, x, bufs, inputs)
+        if leaves_zero:
+            self._zeros_left = True
         return bufs
 
     def launch(self, step: Step, x: torch.Tensor, buffers: Mapping[str, torch.Tensor],

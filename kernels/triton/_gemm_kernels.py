@@ -494,10 +494,12 @@ def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BL
     [T, BLOCK_N] sums to ``cast_ptr`` in the output dtype (SLOT_ROWS: adds up the tile's slot rows,
     :func:`_reduce_slots`). Programs count themselves in an int32 per column tile kept in row T of ``out_ptr``
     (zeroed with the accumulator); the count is an acquire-release atomic after a barrier, so the last program
-    reads every other program's atomics or rows (from L2)."""
+    reads every other program's atomics or rows (from L2). That program also sets the tile's sums and its count
+    back to zero: a call leaves the accumulator as it found it (zeroed once by the executor, not every call)."""
     tl.debug_barrier()
     counter = (out_ptr + num_tokens.to(tl.int64) * HIDDEN).to(tl.pointer_type(tl.int32), bitcast=True) + pid_n
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) * tl.num_programs(2) - 1:
+        tl.store(counter, 0)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         for t0 in range(0, num_tokens, 16):
             t = t0 + tl.arange(0, 16)
@@ -509,6 +511,8 @@ def _cast_if_last(out_ptr, cast_ptr, num_tokens, pid_n, HIDDEN: tl.constexpr, BL
                 mask = (t[:, None] < num_tokens) & (cols[None, :] < HIDDEN)
                 v = tl.load(out_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.store(cast_ptr + offs, v.to(cast_ptr.dtype.element_ty), mask=mask)
+                tl.debug_barrier()  # every read of the sums done (in every thread) before they are cleared
+                tl.store(out_ptr + offs, tl.zeros_like(v), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])  # as AOT compiles it (a JIT run at 1 token made it a constant)
@@ -631,10 +635,14 @@ def _combine_tile(act_ptr, w_ptr, s_ptr, bias_ptr, routing_weights_ptr, out_ptr,
 
 @triton.jit
 def cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
-    """fp32 accumulator -> output dtype (the combine needs fp32 for its atomics)."""
+    """fp32 accumulator -> output dtype (the combine needs fp32 for its atomics); the accumulator is left zero
+    for the next call."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(src_ptr + offs, mask=mask)
+    tl.store(dst_ptr + offs, v.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # every read of the sums done (in every thread) before they are cleared
+    tl.store(src_ptr + offs, tl.zeros_like(v), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

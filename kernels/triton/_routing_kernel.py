@@ -330,7 +330,8 @@ def router_route_group_kernel(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weig
     (:func:`group_pairs`, CHUNK pairs a step). Programs count themselves in ``counter_ptr`` (cdiv(T,
     ROUTER_BLOCK_T) + 1 zeroed int32: [0] routed blocks, [1 + i] finished splits of block i) after a CTA
     barrier with acquire-release atomics, so each last program reads what the others wrote (the acquire makes
-    their stores visible to plain loads)."""
+    their stores visible to plain loads). Each count's last program sets it back to zero, so a call leaves the
+    counters as it found them (the executor zeroes them once, not every call)."""
     _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weights_ptr, ids_ptr, sorted_pairs_ptr,
                             expert_offsets_ptr, block_expert_ptr, block_start_ptr, num_blocks, counter_ptr,
                             counter_ptr, counter_ptr, HIDDEN, NUM_EXPERTS, EXPERTS_POW2, H_PER_SPLIT, IEEE_FP32,
@@ -396,6 +397,7 @@ def _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weight
     tl.debug_barrier()
     block = tl.program_id(0)
     if tl.atomic_add(counter_ptr + 1 + block, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+        tl.store(counter_ptr + 1 + block, 0)  # the block's last program: its count is done, left zero for the next call
         _route_partials(partial_ptr, b_ptr, weights_ptr, ids_ptr, num_tokens, block * ROUTER_BLOCK_T,
                         NUM_EXPERTS, TOP_K, EXPERTS_POW2, SLOTS_POW2, SPLITS, HAS_BIAS, ROUND_LOGITS_BF16, BLOCK_T,
                         SOFTMAX_OVER_ALL, map_ptr, HAS_MAP, LOGITS_IN, SIGMOID, RENORMALIZE, SCALING, N_GROUP,
@@ -409,6 +411,8 @@ def _router_route_and_group(x_ptr, w_ptr, partial_ptr, num_tokens, b_ptr, weight
         if tl.num_programs(0) > 1:  # one token block (1-16 tokens): no second round trip
             last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
         if last:
+            if tl.num_programs(0) > 1:
+                tl.store(counter_ptr, 0)
             if GROUP_EXPERTS == 0:
                 _group(ids_ptr, ranks_ptr, block_counts_ptr, sorted_pairs_ptr, expert_offsets_ptr, block_expert_ptr,
                        block_start_ptr, num_tokens, num_blocks, NUM_EXPERTS, GROUP_EXPERTS_POW2, TOKEN_BLOCKS_POW2,

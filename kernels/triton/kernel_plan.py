@@ -10,7 +10,7 @@ store (see docs/nvidia.md for an example)::
   input         {"name", "dtype", "hidden"}: the entry tensor [T, H] (or [..., H], flattened)
   extra_inputs  (entries with more inputs) [{"name", "dtype", "hidden"}]: [T, hidden] each, after x
   parameters    global name -> {"role", "operand", "shape", "dtype"}: weights the kernels read, in the plan's layout
-  buffers       name -> {"dtype", "shape": [expr...], "init": "zeros"?}: scratch allocated per call
+  buffers       name -> {"dtype", "shape": [expr...], "init": "zeros"?, "left_zero": true?}: scratch of a call
   kernels       entry name -> {"kernel", "constexprs", "num_warps", "num_stages", "args": [arg...]}
                 arg = {"name", "bind": "input"|"param"|"buffer"|"none"|"expr", "ref"?, "expr"?, "type"?, "dtype"?}
   classes       [{"name", "max_tokens" (None = unbounded), "vars": {name: expr}, "tiles": {...},
@@ -155,21 +155,27 @@ class ShapeClass:
 
 @dataclass(frozen=True)
 class Buffer:
-    """Scratch of one call: dtype and shape (expressions), ``init="zeros"`` when a kernel needs it zeroed."""
+    """Scratch of one call: dtype and shape (expressions), ``init="zeros"`` when a kernel needs it zeroed;
+    ``left_zero`` when the plan's kernels also leave it zero at the end of every whole call (counters that their
+    last user resets, sums that their reader clears), so that scratch kept from call to call needs zeroing once,
+    not every call. Runtimes that do not know the flag zero it every call, which stays correct."""
 
     dtype: str
     shape: tuple[Expr, ...]
     init: str | None = None
+    left_zero: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
         if self.init is not None:
             d["init"] = self.init
+        if self.left_zero:
+            d["left_zero"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Buffer":
-        return cls(d["dtype"], tuple(d["shape"]), d.get("init"))
+        return cls(d["dtype"], tuple(d["shape"]), d.get("init"), bool(d.get("left_zero", False)))
 
 
 @dataclass(frozen=True)

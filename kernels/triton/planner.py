@@ -360,14 +360,15 @@ def _buffers(spec: LayerSpec, kernels: Mapping[str, KernelSpec], output: str) ->
         "activations_scales": Buffer("uint8", (f"T * {k}", I // 32)),
         "glu_output": Buffer(spec.dtype, (f"T * {k}", I)),
         # the few-token classes' router counts its programs here (router_route_group / _scatter)
-        "route_counter": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1",), "zeros"),
+        "route_counter": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK}) + 1",), "zeros", left_zero=True),
         # ... and with router_route_scatter each routed token block counts its pairs per expert, with their
         # ranks in the block
         "block_pair_counts": Buffer("int32", (f"cdiv(T, {FEW_TOKEN_ROUTER_BLOCK})", experts_pow2)),
         "pair_ranks": Buffer("int32", (f"T * {k}",)),
         # the combine's fp32 sums; the gemv class fuses the cast into the combine, which counts its programs per
-        # column tile in an extra row (zeroed with the sums); see combine_gemm_kernel
-        "accumulator": Buffer("float32", ("ACC", H), "zeros"),
+        # column tile in an extra row (zeroed with the sums); see combine_gemm_kernel. The cast clears what it
+        # read, unless the sums are the layer's output (fp32 layers without slot rows)
+        "accumulator": Buffer("float32", ("ACC", H), "zeros", left_zero=output != "accumulator"),
         # deterministic combines: each (token, slot)'s expert output, [SPLIT_K, T*k, H] (fp32 partials if split)
         "slot_rows": Buffer(spec.dtype, ("SR", H)),
         "slot_partials": Buffer("float32", ("SP", H)),

@@ -356,6 +356,54 @@ def test_deterministic_forward_matches_reference_and_repeats(options, near_tie_t
             assert torch.equal(ex(x.to(DEVICE)), ex(x.to(DEVICE)))
 
 
+
+@pytest.mark.parametrize("dtype,options", [(torch.bfloat16, {}), (torch.bfloat16, dict(deterministic=True)),
+                                           (torch.float32, {})], ids=["bf16", "bf16-deterministic", "fp32"])
+def test_reserved_scratch_is_zeroed_once(dtype, options):
+    """Whole calls on reserved scratch (what a CUDA graph holds) skip the memset of its zeroed part when the last
+    call left it zero: the router's counters and the accumulator (with the gemv class's per-tile counts) are set
+    back to zero by their last users. Calls through the classes in a mixed order give a fresh executor's
+    outputs and leave that memory zero; an fp32 layer whose output is the accumulator keeps the memset; a call
+    that raised gets it again."""
+    spec = layer_spec(8, 4, 96, 160, dtype=dtype)
+    params = stored(spec, random_weights(spec, seed=5))
+    plan = fit_scale_range(plan_layer(spec, 90, **options), params)
+    kept, fresh = (TritonExecutor(plan, params, device=DEVICE, mode=MODE) for _ in range(2))
+    kept.reserve(70)
+    zeroed = {n: b.left_zero for n, b in plan.buffers.items() if b.init == "zeros"}
+    assert zeroed["route_counter"] and zeroed.get("accumulator", True) == (dtype == torch.bfloat16)
+    left_zero = all(zeroed.values())
+
+    def same(got, want):  # bit for bit under the interpreter; on a GPU fp32 atomics add in any order
+        scale = 0 if MODE == "interpret" else 1e-3 * want.abs().max().item()
+        torch.testing.assert_close(got, want, atol=scale, rtol=0 if MODE == "interpret" else 1e-2)
+
+    classes = set()
+    for i, T in enumerate((1, 9, 70, 3, 40, 1)):
+        x = tokens(T, 96, seed=20 + i).to(DEVICE)
+        classes.add(plan.shape_class(T).name)
+        same(kept(x), fresh(x))
+        assert kept._zeros_left == left_zero
+        if left_zero:
+            assert not kept._reserved[1].any(), f"T={T}: the call left its zeroed scratch non-zero"
+    assert classes == {"gemv", "decode", "mid"}
+    real, x = kept.launch, tokens(9, 96, seed=3).to(DEVICE)
+
+    def fails_second(step, *args, **kwargs):
+        if step is kept.steps(9)[1]:
+            raise RuntimeError("launch failed")
+        real(step, *args, **kwargs)
+
+    kept.launch = fails_second
+    with pytest.raises(RuntimeError, match="launch failed"):
+        kept(x)
+    assert not kept._zeros_left  # the router left its counters counted: the next call zeroes them
+    del kept.launch
+    same(kept(x), fresh(x))
+    assert KernelPlan.from_dict({**plan.to_dict(), "buffers": {n: {k: v for k, v in b.items() if k != "left_zero"}
+                                                                for n, b in plan.to_dict()["buffers"].items()}}
+                                ).buffers["route_counter"].left_zero is False  # plans before the flag: memset
+
 def test_batch_invariant_rows_equal_the_tokens_alone():
     """batch_invariant=True: rows of a batch of 1030 tokens (the large class for 4 experts, top 3) are bit for bit
     the same tokens run in batches of 1, 5 and 70 (gemv, decode, mid), and so is their routing."""
