@@ -23,8 +23,9 @@ from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
 from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
                           PlanOptions, ShapeClass)
-from .tile_config import (GEMV_MAX_TOKENS, NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT, TileConfig, batch_invariant_config,
-                          class_config, fused_cast, is_few_tokens, shape_classes, use_tma, w4a8_config)
+from .tile_config import (GEMV_MAX_TOKENS, MID_WIDE_ROWS_PER_EXPERT, NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT,
+                          TileConfig, batch_invariant_config, class_config, fused_cast, is_few_tokens, shape_classes,
+                          use_tma, w4a8_config)
 
 #: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
 #: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
@@ -189,8 +190,11 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
         raise PlanError(f"activations must be 'bf16' or 'mxfp8', got {activations!r}")
     kernels = _Kernels()
     E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
-    # the Hopper bf16 path's mid class reaches further on layers of many experts (tile_config.PREFILL_ROWS_PER_EXPERT)
-    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if arch == 90 and activations == "bf16" else 0)
+    # the Hopper bf16 path's mid class reaches further on layers of many experts (tile_config.PREFILL_ROWS_PER_EXPERT),
+    # the upper part of its range on 128-row tiles (MID_WIDE_ROWS_PER_EXPERT)
+    hopper_bf16 = arch == 90 and activations == "bf16"
+    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if hopper_bf16 else 0,
+                            MID_WIDE_ROWS_PER_EXPERT if hopper_bf16 and layout.hopper_words else 0)
     first_tokens = dict(zip((name for name, _ in classes), [1] + [t + 1 for _, t in classes[:-1]]))
     tiles = {name: _class_tiles(spec, layout, arch, name, options, first_tokens[name]) for name, _ in classes}
     slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}

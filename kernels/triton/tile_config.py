@@ -75,6 +75,15 @@ MID_MAX_TOKENS = 1024
 #: slower; gpt-oss-20b (32 experts) at 2048-8192 tokens (256-1024 rows) mid was slower everywhere.
 PREFILL_ROWS_PER_EXPERT = 128
 
+#: On the same path, past this many (token, slot) rows per expert on average the rest of mid's range runs in the
+#: "mid_wide" class: mid's launches on 128-row tiles (8 warps), an expert's last block of at most 64 rows on 64-row
+#: MMAs (TAIL_M). H200, 2026-11-28, Triton 3.9 cubins, whole layer, eager calls alternated with the 64-row mid in
+#: both orders (ratios mid / 128-row tiles): uniform routing 1.06 / 1.10 / 1.08 / 1.04 at 80 / 96 / 112 / 128 rows
+#: per expert for gpt-oss-20b (640-1024 tokens) and 1.06 / 1.09 / 1.08 / 1.06 for gpt-oss-120b (2560-4096); skewed
+#: 0.95 / 0.98 / 1.04 / 1.08 (20b) and 0.95 / 0.96 / 0.98 / 0.99 (120b); at 64 rows 0.93-1.06 (20b at 512: mixed)
+#: and 0.93-0.97 (120b at 2048). So from 97 rows: uniform 4-9% faster, skewed between -2% and +8%.
+MID_WIDE_ROWS_PER_EXPERT = 96
+
 #: Past the decode class, up to this many (token, slot) rows per expert on average (T * k / E) the
 #: "sparse" class runs: the weights are still streamed nearly once per forward, and 32-row tiles waste
 #: less of each expert's tile than mid's 64 (gpt-oss-120b at 128-1024 tokens, 4-32 rows per expert, and
@@ -88,19 +97,23 @@ SPARSE_ROWS_PER_EXPERT = 32
 LARGE_ROWS_PER_EXPERT = 512
 
 
-def shape_classes(num_experts: int, top_k: int, mid_rows_per_expert: int = 0) -> tuple[tuple[str, int | None], ...]:
+def shape_classes(num_experts: int, top_k: int, mid_rows_per_expert: int = 0,
+                  mid_wide_rows_per_expert: int = 0) -> tuple[tuple[str, int | None], ...]:
     """A layer's shape classes by token count, in order: (name, largest token count of the class or
     None). A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
     Where "sparse" ends and "large" starts depends on the layer (rows per expert), so a class whose
     range is empty is left out. ``mid_rows_per_expert``: "mid" runs at least up to that many rows per expert
-    (``PREFILL_ROWS_PER_EXPERT`` on the Hopper bf16 path), else to ``MID_MAX_TOKENS`` tokens."""
+    (``PREFILL_ROWS_PER_EXPERT`` on the Hopper bf16 path), else to ``MID_MAX_TOKENS`` tokens.
+    ``mid_wide_rows_per_expert`` (``MID_WIDE_ROWS_PER_EXPERT`` on that path; 0: none): past that many rows per
+    expert the rest of mid's range is the "mid_wide" class."""
     if num_experts < 1 or top_k < 1:
         raise ValueError(f"need num_experts >= 1 and top_k >= 1, got {num_experts} and {top_k}")
     sparse_to = min(MID_MAX_TOKENS, SPARSE_ROWS_PER_EXPERT * num_experts // top_k)
     mid_to = max(MID_MAX_TOKENS, mid_rows_per_expert * num_experts // top_k)
+    narrow_to = min(mid_to, mid_wide_rows_per_expert * num_experts // top_k) if mid_wide_rows_per_expert else mid_to
     large_from = max(mid_to + 1, -(-LARGE_ROWS_PER_EXPERT * num_experts // top_k))
     bounds = [("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("sparse", sparse_to),
-              ("mid", mid_to), ("prefill", large_from - 1)]
+              ("mid", narrow_to), ("mid_wide", mid_to), ("prefill", large_from - 1)]
     classes, previous = [], 0
     for name, limit in bounds:
         if limit > previous:
@@ -152,6 +165,7 @@ HOPPER_TILES = {
     "decode": (16, 64, 256, 4, 3, 0, False),
     "sparse": (32, 128, 128, 4, 3, 0, False),
     "mid": (64, 128, 64, 4, 4, 0, False),
+    "mid_wide": (128, 128, 64, 8, 4, 0, False),
     "prefill": (128, 128, 64, 8, 4, 4, False),
     "large": (256, 128, 64, 8, 4, 4, False),
 }
@@ -181,7 +195,7 @@ HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 #: width (docs/nvidia.md). Large with 128-row tails (H200, same day, two alternations, both routings): 4-9% faster
 #: where the class starts (512 rows per expert: gpt-oss-20b at 4096 tokens 2047-2051 against 2177-2255 us uniform,
 #: gpt-oss-120b at 16384 7648-7800 against 8008-8023), level at 2048 rows per expert (20b at 16384).
-HOPPER_TAIL_M = {"sparse": 16, "large": 128}
+HOPPER_TAIL_M = {"sparse": 16, "mid_wide": 64, "large": 128}
 
 
 def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", hopper: bool = False,

@@ -21,7 +21,8 @@ from mxmoe.core.bridge import dtype_name, to_numpy, to_torch
 from mxmoe.core.layouts import get_layout
 from mxmoe.kernels.triton import KernelPlan, LayerSpec, PlanError, StoredWeight, fit_scale_range, plan_layer
 from mxmoe.kernels.triton.kernels import arg_names
-from mxmoe.kernels.triton.tile_config import PREFILL_ROWS_PER_EXPERT, TileConfig, class_config, shape_classes
+from mxmoe.kernels.triton.tile_config import (MID_WIDE_ROWS_PER_EXPERT, PREFILL_ROWS_PER_EXPERT, TileConfig,
+                                              class_config, shape_classes)
 from mxmoe.runtime.triton_executor import TritonExecutor
 
 HAS_CUDA = torch.cuda.is_available()
@@ -282,8 +283,8 @@ def contract_router(E=16, k=3, H=256, seed=0):
 def test_routing_contract_holds_in_every_class():
     """Every shape class routes a token alike, bit for bit (ids and weights), and exact ties go to the lower
     expert index, one ulp apart to the larger logit: tokens of :func:`contract_router` run in batches of 1 to
-    2731 (gemv, decode, sparse, mid, prefill, large for 16 experts, top 3) against the same tokens in batches of
-    four (gemv)."""
+    2731 (gemv, decode, sparse, mid, mid_wide, prefill, large for 16 experts, top 3) against the same tokens in
+    batches of four (gemv)."""
     spec, weights, patterns, expected = contract_router()
     ex = executor(spec, weights, 90)
     P = patterns.shape[0]
@@ -293,7 +294,7 @@ def test_routing_contract_holds_in_every_class():
         if want is not None:
             assert sorted(alone["expert_ids"][p].tolist()) == want, (p, alone["expert_ids"][p].tolist(), want)
     classes = set()
-    for T in (1, 5, 64, 65, 171, 1025, 2731):
+    for T in (1, 5, 64, 65, 171, 700, 1025, 2731):
         rows = torch.arange(T) * 7 % P  # every pattern, in some order, several times
         bufs = ex.run(patterns[rows].to(DEVICE), kernels=ROUTERS)
         classes.add(ex.kernel_plan.shape_class(T).name)
@@ -301,7 +302,7 @@ def test_routing_contract_holds_in_every_class():
             got, want = bufs[name].cpu(), alone[name][rows]
             bad = (got != want).any(dim=1).nonzero().flatten().tolist()
             assert not bad, f"T={T}: {name} of pattern(s) {sorted({int(rows[b]) for b in bad})} differ"
-    assert classes == {"gemv", "decode", "sparse", "mid", "prefill", "large"}
+    assert classes == {"gemv", "decode", "sparse", "mid", "mid_wide", "prefill", "large"}
 
 
 def options_executor(spec, weights, **options) -> TritonExecutor:
@@ -480,7 +481,7 @@ def test_grouping_chunks_follow_the_class():
             assert c <= GROUP_CHUNK and (c == GROUP_CHUNK or -(-p // c) <= GROUP_PROGRAMS)
     plan = plan_layer(layer_spec(128, 4, 2880, 2880), 90)
     for cls in plan.classes:
-        if cls.name in ("sparse", "mid", "prefill", "large"):
+        if cls.name in ("sparse", "mid", "mid_wide", "prefill", "large"):
             chunk = group_chunk(128, None if cls.max_tokens is None else 4 * cls.max_tokens)
             assert cls.vars["NC"] == f"cdiv(T * 4, {chunk})"
             hist = next(lc.kernel for lc in cls.launches if plan.kernels[lc.kernel].kernel == "chunk_histogram")
@@ -813,16 +814,21 @@ def test_class_tiles(target):
     assert tiles(256)[0].BLOCK_M == 32 and tiles(257)[0].BLOCK_M == 64
     assert tiles(1024, E=128)[0].BLOCK_M == 32
     assert (tiles(4096)[0].BLOCK_M, tiles(4096)[0].GROUP_M) == (256, 4)
-    # 128 experts: on sm_90 mid's 64-row tiles up to 128 rows per expert (4096 tokens), then prefill's 128
-    assert tiles(4096, E=128)[0].BLOCK_M == (64 if target == SM90 else 128) and tiles(4097, E=128)[0].BLOCK_M == 128
+    # 128 experts: on sm_90 mid's 64-row tiles up to 96 rows per expert (3072 tokens), mid_wide's 128-row ones with
+    # 64-row tails to 128 rows (4096), then prefill's 128
+    assert tiles(3072, E=128)[0].BLOCK_M == (64 if target == SM90 else 128)
+    assert [tiles(T, E=128)[0].TAIL_M for T in (3072, 3073, 4096, 4097)] == (
+        [0, 64, 64, 0] if target == SM90 else [0] * 4)
+    assert tiles(3073, E=128)[0].BLOCK_M == tiles(4096, E=128)[0].BLOCK_M == tiles(4097, E=128)[0].BLOCK_M == 128
     assert tiles(16384, E=128)[0].BLOCK_M == 256
     assert tiles(1, E=8, k=2, H=96, I=32)[0].BLOCK_N == (32 if target == SM100 else 64)
     assert tiles(2000, E=8, k=2, H=96, I=32)[0].BLOCK_N == 64  # clamped to the (tiny) N = 2I
     assert tiles(1)[1].SPLIT_K == (2 if target == SM90 else 1) and tiles(5)[1].SPLIT_K == 1
     # sm_90: the sparse class runs an expert's last block of at most 16 rows with 16-row MMAs, the large class one
-    # of at most 128 rows with 128-row MMAs; mid and prefill one width
-    assert [tiles(T)[g].TAIL_M for T in (64, 65, 256, 257, 2048, 4096) for g in (0, 1)] == (
-        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 128, 128] if target == SM90 else [0] * 12)
+    # of at most 128 rows with 128-row MMAs, mid_wide (20b: 769-1024 tokens) one of at most 64; mid and prefill one
+    # width
+    assert [tiles(T)[g].TAIL_M for T in (64, 65, 256, 257, 768, 769, 2048, 4096) for g in (0, 1)] == (
+        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 64, 64, 0, 0, 128, 128] if target == SM90 else [0] * 16)
     with pytest.raises(ValueError, match="TAIL_M"):
         TileConfig(32, 64, 128, 4, 3, TAIL_M=32)
     with pytest.raises(ValueError, match="gemm"):
@@ -844,10 +850,16 @@ def test_shape_classes_follow_rows_per_expert():
     assert gpt_oss_20b[2:4] == (("sparse", 256), ("mid", 1024))
     assert [name for name, _ in gpt_oss_120b] == ["gemv", "decode", "sparse", "prefill", "large"]
     assert gpt_oss_120b[2] == ("sparse", 1024)
-    # the Hopper bf16 path: mid up to 128 rows per expert (4096 tokens for 120b; 20b's 1024 unchanged)
+    # the Hopper bf16 path: mid up to 128 rows per expert (4096 tokens for 120b; 20b's 1024 unchanged), past 96 rows
+    # per expert on 128-row tiles (mid_wide)
     hopper_120b = shape_classes(128, 4, PREFILL_ROWS_PER_EXPERT)
     assert hopper_120b[2:] == (("sparse", 1024), ("mid", 4096), ("prefill", 16383), ("large", None))
     assert shape_classes(32, 4, PREFILL_ROWS_PER_EXPERT) == gpt_oss_20b
+    assert shape_classes(128, 4, PREFILL_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT)[2:5] == (
+        ("sparse", 1024), ("mid", 3072), ("mid_wide", 4096))
+    assert shape_classes(32, 4, PREFILL_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT)[3:5] == (("mid", 768),
+                                                                                        ("mid_wide", 1024))
+    assert shape_classes(4, 2, 0, MID_WIDE_ROWS_PER_EXPERT)[2:4] == (("mid", 192), ("mid_wide", 1024))
     bounds = [limit for _, limit in gpt_oss_20b[:-1]]
     assert bounds == sorted(bounds)
     with pytest.raises(ValueError, match="num_experts"):
@@ -873,6 +885,8 @@ FORWARD_CASES = {
     "t5_sm90_fp32": (5, 8, 2, 64, 64, SM90, dict(dtype=torch.float32)),
     "t70_sm90_sparse": (70, 8, 2, 96, 160, SM90, dict()),
     "t200_sm90_mid_concat": (200, 8, 2, 64, 96, SM90, dict(interleaved=False)),
+    # mid_wide: 128-row tiles on 8 warps, an expert's last block of <= 64 rows on 64-row MMAs (~125 rows per expert)
+    "t500_sm90_mid_wide": (500, 8, 2, 96, 160, SM90, dict()),
     # 128-row tiles, 8 warps; 256-row tiles in grouped launch order (25 row blocks: the last group of 4 partial)
     "t1100_sm90_prefill_nobias": (1100, 8, 2, 320, 96, SM90, dict(bias=False)),
     "t1100_sm90_large_concat": (1100, 8, 4, 96, 96, SM90, dict(interleaved=False)),
@@ -946,7 +960,7 @@ def test_forward_with_unused_experts(T, target, near_tie_tokens):
     check_forward(executor(spec, weights, target[0]), spec, weights, tokens(T, 64, seed=4), near_tie_tokens)
 
 
-@pytest.mark.parametrize("name,tail", [("t70_sm90_sparse", 16), ("t200_sm90_mid_concat", 16),
+@pytest.mark.parametrize("name,tail", [("t70_sm90_sparse", 16), ("t200_sm90_mid_concat", 16), ("t500_sm90_mid_wide", 64),
                                        ("t200_sm90_mid_concat", 32), ("t1100_sm90_prefill_nobias", 64),
                                        ("t1100_sm90_large_concat", 128)])
 def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
