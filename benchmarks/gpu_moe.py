@@ -18,8 +18,8 @@ Two steps, because the GPU machines have no IREE (the compiler's MLIR bindings):
 
 Per row: mxmoe time (CUDA events, warm, median; the whole layer incl. router; for T <= 512 per forward
 of a CUDA graph holding 10 forwards over 4 copies of the layer at different addresses, each on scratch it reserved
-as a serving engine's does, and, as "1-call graph", of a graph holding one; above 512 tokens eager calls, alternating with the peer's when it runs), the
-torch baseline in the same run (router + top-k, then the selected experts
+as a serving engine's does, and, as "1-call graph", of a graph holding one; above 512 tokens eager calls,
+alternating with the peer's when it runs), the torch baseline in the same run (router + top-k, then the selected experts
 dequantized to bf16 and run through ``torch._grouped_mm``, or a per-expert loop where that is
 missing), bytes moved (selected experts' MXFP4 weights + scales + biases, router, activations in and
 out, the [T*k, I] intermediate written and read) and % of the measured HBM bandwidth, FLOPs
