@@ -197,10 +197,12 @@ def dequant_lut(torch, device):
 
 
 BASELINE = {"gemm": "torch._grouped_mm"}
-#: forwards per CUDA graph for the "mxmoe us" column (T <= 512); "1-call graph us" replays one at a time
+#: forwards per CUDA graph for the "mxmoe us" column (T <= GRAPH_MAX_TOKENS); "1-call graph us" replays one at a
+#: time
 GRAPH_REPS = 10
-#: the largest token count timed in CUDA graphs; the executors reserve the scratch of calls up to it, as a
-#: serving engine's graphs hold it (``mxmoe.engine``'s ``max_capture_size``): larger calls allocate their own
+#: the largest token count timed in CUDA graphs (larger ones: eager calls); the executors reserve the scratch of
+#: calls up to it, as a serving engine's graphs hold it (``mxmoe.engine``'s ``max_capture_size``): larger calls
+#: allocate their own
 GRAPH_MAX_TOKENS = 512
 
 
@@ -328,15 +330,16 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                     err = float((out.float() - ref.float()).abs().max()) if check and ref is not None else float("nan")
                 # the 10-forward graph cycles through copies of the layer at other addresses so that no
                 # forward finds its weights in L2 from the one before (as in a model, layer after layer)
-                exs = [ex] + copies if T <= 512 else [ex]
+                graph = T <= GRAPH_MAX_TOKENS
+                exs = [ex] + copies if graph else [ex]
                 calls = iter(range(1 << 62))
-                if T > 512 and peer_layers:  # eager rows: mxmoe and the peer called in turn
+                if not graph and peer_layers:  # eager rows: mxmoe and the peer called in turn
                     t_mx, t_peer = time_alternating(torch, [lambda: ex(x), lambda: peer.forward(peer_layers[0], x)],
                                                     iters=50 if T <= 4096 else 20)
                 else:
-                    t_mx = time_cuda(torch, lambda: exs[next(calls) % len(exs)](x), graph=T <= 512,
+                    t_mx = time_cuda(torch, lambda: exs[next(calls) % len(exs)](x), graph=graph,
                                      iters=50 if T <= 4096 else 20, reps=GRAPH_REPS)
-                t_one = time_cuda(torch, lambda: ex(x), graph=T <= 512, iters=50) if T <= 512 else t_mx
+                t_one = time_cuda(torch, lambda: ex(x), graph=True, iters=50) if graph else t_mx
                 t_th = (time_cuda(torch, lambda: torch_baseline(torch, F, layer, x, lut), iters=20 if T <= 4096 else 10)
                         if baseline and gpt_oss_semantics else float("nan"))
                 bias_bytes = (2 * I + H) * 2 if cfg.bias else 0
@@ -345,8 +348,8 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                     H * 2 if cfg.shared_gate else 0)
                 moved = expert_bytes + shared_bytes + E * H * 2 + 2 * T * H * 2 + 2 * T * k * I * 2
                 flops = 2 * T * k * (2 * I * H + H * I) + 2 * T * 3 * S * H + 2 * T * E * H
-                if peer_layers:  # the same timing: graphs cycling through 4 copies for T <= 512 (eager: above)
-                    if T <= 512:
+                if peer_layers:  # the same timing: graphs cycling through 4 copies (eager rows: above)
+                    if graph:
                         pcalls = iter(range(1 << 62))
                         t_peer = time_cuda(torch, lambda: peer.forward(peer_layers[next(pcalls) % len(peer_layers)], x),
                                            graph=True, iters=50, reps=GRAPH_REPS)
@@ -354,7 +357,7 @@ def run(plans_dir: str, models: list[str], tokens: list[int], check: bool, basel
                                  f"{100 * flops / t_peer / peak:.1f}%")
                 else:
                     peer_cols = f"n/a: {peer_cannot} | | |"
-                print(f"| {name} | {routing} | {T} | {ex.mode}{'+graph' if T <= 512 else ''} | {t_mx * 1e6:.1f} | "
+                print(f"| {name} | {routing} | {T} | {ex.mode}{'+graph' if graph else ''} | {t_mx * 1e6:.1f} | "
                       f"{t_one * 1e6:.1f} | {t_th * 1e6:.1f} | {t_th / t_mx:.2f}x | {moved / 1e9:.3f} | {100 * moved / t_mx / bw:.0f}% | "
                       f"{flops / 1e12:.3f} | {100 * flops / t_mx / peak:.1f}% | {err:.3g} | {peer_cols} |", flush=True)
             del ex, copies, peer_layers
