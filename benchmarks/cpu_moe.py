@@ -24,8 +24,9 @@ Columns:
   bound ms     weight MB / the machine's read bandwidth at this thread count (measured below): the time to
                stream the weights once; x bound: mxmoe ms / bound ms
   GFLOP/s      2 x (routed rows x (2I x H + H x I)) / mxmoe time: the expert GEMMs' arithmetic rate;
-               % peak: of the measured peak of the instruction the kernel's GEMM uses (vdpbf16ps on an
-               AVX512-BF16 host, vpmaddwd otherwise; with --activations mxint8: vpdpbusd on an AVX512-VNNI host,
+               % peak: of the measured peak of the instruction the kernel's GEMM uses (tdpbf16ps on an AMX
+               host, whose items of 5 rows or fewer take vdpbf16ps; vdpbf16ps on an AVX512-BF16 host, vpmaddwd
+               otherwise; with --activations mxint8: vpdpbusd on an AVX512-VNNI host,
                counting a multiply-add as 2 ops like the others; mxint16: half that peak, each multiply-add
                taking two, one per int8 plane) at this thread count
   rel err      max |out - ref| / max |ref| against the bf16 reference (the torch layer); with --activations mxint8
@@ -319,7 +320,7 @@ def main() -> None:
     import mxmoe
     from mxmoe.core.config import MoEConfig, PRESETS
     from mxmoe.core.host import cpu_features
-    from mxmoe.kernels.cpu import matvec_object
+    from mxmoe.kernels.cpu import BF16_FLAVORS, matvec_object
     from mxmoe.torch_frontend.moe import MoE
 
     print(f"load avg before: {loadavg()}")
@@ -334,7 +335,9 @@ def main() -> None:
             print(f"  {name:18s} {peaks[(name, 1)]:7.1f} / {peaks.get((name, args.threads), float('nan')):7.1f}")
         print(f"  read bandwidth     {peaks[('read_bw', 1)]:7.1f} / {peaks.get(('read_bw', args.threads), float('nan')):7.1f} GB/s")
     avx512_instr = "vdpbf16ps-zmm" if args.activations == "bf16" else "vpdpbusd-zmm"
-    gemm_instr = avx512_instr if uk.flavor == "avx512bf16" else "vpmaddwd-ymm"
+    gemm_instr = avx512_instr if uk.flavor in BF16_FLAVORS else "vpmaddwd-ymm"
+    if uk.flavor == "avx512amx" and args.activations == "bf16":  # the GEMM of 7+ rows per item runs on AMX tiles
+        gemm_instr = "amx-bf16"
     planes = 2 if args.activations == "mxint16" else 1  # int8 multiply-adds per useful one
     print(f"activations: {args.activations}; % peak of {gemm_instr}" + (f" / {planes}" if planes > 1 else ""))
     peak = instruction_peak(peaks, gemm_instr, args.threads)

@@ -7,7 +7,7 @@
  * in 1 and `threads` threads at once; printed as the operations per second of all threads together
  * (a multiply-add counts 2), the best of 60 runs of ~1 ms. Read bandwidth: each thread sums its part of
  * a 128 MB window of a 1 GiB buffer with vector loads; the best of 24 passes. Instructions the CPU lacks
- * (compiled with -march=native) are skipped.
+ * (compiled with -march=native) are skipped.  AMX (tdpbf16ps) asks Linux for the tile state first.
  * Output lines: "peak <name> <threads> <G/s>" and "read_bw <threads> <GB/s>".
  */
 #define _GNU_SOURCE
@@ -39,7 +39,7 @@ static double now(void) {
 #define ZDPBUSD(d) "vpdpbusd %%zmm16, %%zmm17, %%zmm" #d "\n"
 #define ZFMA(d) "vfmadd231ps %%zmm16, %%zmm17, %%zmm" #d "\n"
 #define YDP(d) "vdpbf16ps %%ymm16, %%ymm17, %%ymm" #d "\n"
-#define YDPBUSD(d) "{vex} vpdpbusd %%ymm14, %%ymm15, %%ymm" #d "\n"
+#define YDPBUSD(d) "%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm" #d "\n"
 #define YMADD(d) "vpmaddwd %%ymm14, %%ymm15, %%ymm" #d "\n"
 #define YFMA(d) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #d "\n"
 
@@ -64,6 +64,36 @@ LOOP(ydpbusd_vex, YDPBUSD, 128 * 14 / 16 / 2)
 /* vpmaddwd: 16 multiply-adds of int16 pairs into 8 int32 (counted as 32 ops) */
 LOOP(ymadd, YMADD, 32 * 14 / 16)
 LOOP(yfma, YFMA, 16 * 14 / 16)
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+/* tdpbf16ps: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16 (16384 ops), on 4 independent accumulator tiles; the tiles'
+ * contents are whatever the loads gave (the rate does not depend on them) */
+static double amx_bf16(long it) {
+  static const struct { uint8_t palette, start, pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg = {
+      1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+  static uint8_t data[1024] __attribute__((aligned(64)));
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 0; /* ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA */
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, data, 64);
+  _tile_loadd(5, data, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  double t0 = now();
+  for (long i = 0; i < it / 16; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  double t = now() - t0;
+  _tile_release();
+  return (double)(it / 16) * 4 * 16384 / t;
+}
+#endif
 
 typedef struct {
   double (*fn)(long);
@@ -147,6 +177,9 @@ int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2;
   if (threads < 1 || threads > 256) threads = 1;
   struct { const char *name; double (*fn)(long); } tests[] = {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      {"amx-bf16", amx_bf16},
+#endif
 #ifdef __AVX512BF16__
       {"vdpbf16ps-zmm", zdp}, {"vdpbf16ps-ymm", ydp},
 #endif

@@ -7,7 +7,8 @@ expert, decodes with table lookups and multiplies with the host's dot-product in
 ``iree-compile`` links into the module (IREE's ``hal.executable.objects``), so the compiled artifact carries
 it and the deploy machine needs no compiler.
 
-Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512bf16`` (AVX-512 with
+Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512amx`` (``avx512bf16`` with
+AMX tiles for the bf16 GEMM of 6 or more rows per work item: ``tdpbf16ps``), ``avx512bf16`` (AVX-512 with
 AVX512-BF16 and AVX512-VNNI: exact bf16 dot products, ``vdpbf16ps``; the int8 form's ``vpdpbusd``) and ``avx2``
 (AVX2/FMA/F16C: int16 activations, ``vpmaddwd``). ``MXMOE_CPU_UKERNEL=avx2`` forces the AVX2 one (the tests use it to keep it tested on an
 AVX-512 host). Both also hold the int8 form of the cpu target's ``activations="mxint8"`` (``mxint8_rows16.c``,
@@ -58,13 +59,16 @@ BASE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-ffreestanding", "-fno-builtin", "-f
                "-falign-functions=64")
 #: flavor -> (the CPU features it needs, its -m flags), best first. The cpu target compiles for the host, so
 #: the host must have the features of the flavor it links.
+_AVX512BF16 = (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"),
+               ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
+                "-mavx512vnni"))
 FLAVORS = {
-    "avx512bf16": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
-                    "avx512_vnni"),
-                   ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                    "-mavx512bf16", "-mavx512vnni")),
+    "avx512amx": (_AVX512BF16[0] + ("amx_tile", "amx_bf16"), _AVX512BF16[1] + ("-mamx-tile", "-mamx-bf16")),
+    "avx512bf16": _AVX512BF16,
     "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
 }
+#: the flavors whose bf16 activations take the exact bf16 path (vdpbf16ps, and AMX tiles in avx512amx)
+BF16_FLAVORS = ("avx512amx", "avx512bf16")
 #: CPU features any flavor needs
 REQUIRED_FEATURES = FLAVORS["avx2"][0]
 #: the flags of the AVX2 flavor (the one every x86-64 host with the microkernel can run)

@@ -89,6 +89,12 @@ static inline float bias_value(const void *bias, size_t kind, size_t i) {
 #else
 #define MXMOE_BF16 0
 #endif
+/* AMX tiles for the bf16 GEMM (the avx512amx flavor) */
+#if MXMOE_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define MXMOE_AMX 1
+#else
+#define MXMOE_AMX 0
+#endif
 
 /* ---------------------------------------------------------------------------------------- grouping */
 
@@ -496,7 +502,9 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
  * one stream: bdot_rows).  Measured with the one-row matvec of 2026-11-28 evening, single-thread harness, weights
  * from DRAM, GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024
  * and 4096 no better); in L2 no change. */
+#ifndef BF16_PREFETCH
 #define BF16_PREFETCH 2048
+#endif
 
 /* quad Q of R packed activation rows against two weight rows w0, w1 in registers (planes p, q; scales picked from
  * sv0, sv1 by IDX) into A0[r], A1[r]: each activation load feeds both rows' dot products */
@@ -790,6 +798,13 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
 /* pairs of 4 weight rows the GEMM decodes at once: 4 x 48 x 128 B = 24 KB of stack (IREE's workers have
  * 128 KB); longer rows go in chunks, their partial sums added (an even number: a chunk starts a quad) */
 #define BF16_GEMM_PAIRS 48
+#if MXMOE_AMX
+/* at least this many rows per item take the AMX GEMM (item_amx) */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 6
+#endif
+static int item_amx(const item_t *it, const uint16_t *x0);
+#endif
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
@@ -823,6 +838,9 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
     write_tile(it, buf);
     return;
   }
+#if MXMOE_AMX
+  if (rows >= AMX_MIN_ROWS && item_amx(it, x0)) return;
+#endif
   __m512i wbuf[4 * 2 * BF16_GEMM_PAIRS];
   for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
     const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
@@ -855,6 +873,146 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
   }
   write_tile(it, buf);
 }
+
+#if MXMOE_AMX
+/* Asks Linux for the AMX tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)): 0 when granted.  The
+ * grant is per process and the request idempotent (~0.2 us), so every item that would use the tiles asks, whatever
+ * loaded the module; a kernel that refuses (older than 5.16) leaves the items to the AVX-512 GEMM. */
+static inline long amx_permission(void) {
+  long ret;
+  __asm__ volatile("syscall" : "=a"(ret) : "0"(158L), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
+  return ret;
+}
+
+/* LDTILECFG's 64-byte operand (palette 1) */
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_config_t;
+
+/* 16 rows of 16 dwords -> their transpose (r[i] dword j -> r[j] dword i) */
+static inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) { /* u[4i + j], 128-bit lane L: dword 4L + j of rows 4i..4i+3 */
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), b = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88), d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
+}
+
+/* the AMX GEMM's stack buffer of a K chunk's decoded weight rows and activation rows in tile order (64 KB, later the
+ * results' buffer; with the C tiles' 16 KB within IREE's 128 KB worker stacks): the chunk is as long as it lets, an
+ * even number of pairs (a chunk starts a quad).  Single-thread harness, 8 rows by 64 x 2880 weights in L2: chunks
+ * of 2 / 4 / 8 pairs 116 / 83 / 74 us (the decode's per-call cost) */
+#define AMX_WORK_ZMM 1024
+/* bytes ahead in each weight row that the decode prefetches: the chunks of 64 rows read 64 B of each (1.4 KB apart),
+ * which the hardware prefetchers do not follow */
+#ifndef AMX_PREFETCH
+#define AMX_PREFETCH 256
+#endif
+/* The GEMM on AMX tiles (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16).  Per K chunk the item's weight rows
+ * are decoded as for the AVX-512 GEMM (scales applied, the packed activations' order) and are the A tiles (16 output
+ * rows x 32 values); the activation rows, 16 per group (zeros past the last), are transposed to the B tiles' pair
+ * layout (row i: values 2i and 2i + 1 of 16 rows); the C tiles [outputs][rows] stay in memory between chunks.  The
+ * products are exact and TDPBF16PS sums them in f32, as vdpbf16ps does (its order of additions differs).  Returns 0
+ * when the kernel refuses the tiles (nothing written). */
+/* OP (_tile_loadd or _tile_stored) on the C tiles of the nog output groups of row group g */
+#define AMX_C(OP)                                          \
+  do {                                                     \
+    OP(0, acc[0][g], 64);                                  \
+    if (nog > 1) OP(1, acc[1][g], 64);                     \
+    if (nog > 2) OP(2, acc[2][g], 64);                     \
+    if (nog > 3) OP(3, acc[3][g], 64);                     \
+  } while (0)
+static int item_amx(const item_t *it, const uint16_t *x0) {
+  if (amx_permission() != 0) return 0;
+  const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
+  const size_t m = it->n1 - it->n0, nog = (m + 15) / 16, ntg = (rows + 15) / 16;
+  /* 16 nog decoded rows of 2 cp vectors, then per row group 32 cp B rows of 16 dwords */
+  const size_t cp = AMX_WORK_ZMM / (32 * (nog + ntg)) / 2 * 2;
+  union {
+    __m512i work[AMX_WORK_ZMM];
+    float buf[MAX_ITEM_ROWS][MAX_TILE_N]; /* after the last chunk, the results by row */
+  } u;
+  __m512i *const wdec = u.work, *const xv = u.work + 32 * nog * cp;
+  float acc[MAX_TILE_N / 16][MAX_ITEM_ROWS / 16][16][16];
+  amx_config_t cfg = {0};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+  for (size_t p0 = 0; p0 < np; p0 += cp) {
+    const size_t npc = np - p0 < cp ? np - p0 : cp;
+    const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc, slices = 2 * npc;
+    for (size_t j = 0; j < 16 * nog; ++j) { /* rows past the tile repeat its last */
+      const size_t o = it->n0 + j < it->n1 ? it->n0 + j : it->n1 - 1;
+      const uint8_t *wrow = it->w + weight_row(it, o) * kh + 16 * b0;
+      decode_row_bf16(wrow, it->s + weight_row(it, o) * nb + b0, nbc, (const char *)wrow + AMX_PREFETCH,
+                      wdec + j * slices);
+    }
+    for (size_t g = 0; g < ntg; ++g)
+      for (size_t sl = 0; sl < slices; ++sl) {
+        __m512i r[16];
+        for (size_t t = 0; t < 16; ++t)
+          r[t] = 16 * g + t < rows ? _mm512_loadu_si512((const void *)(x0 + (16 * g + t) * xrow + 64 * p0 + 32 * sl))
+                                   : _mm512_setzero_si512();
+        transpose16x16(r);
+        for (size_t i = 0; i < 16; ++i) _mm512_store_si512((void *)(xv + (g * 32 * npc + 16 * sl + i)), r[i]);
+      }
+    for (size_t g = 0; g < ntg; ++g) { /* C tiles 0..3: the output groups, four independent sums (one C tile's
+                                           TDPBF16PS wait for each other) */
+      const __m512i *b = xv + g * 32 * npc, *a = wdec;
+      const size_t as = slices * 64; /* bytes between decoded rows */
+      if (p0 == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else {
+        AMX_C(_tile_loadd);
+      }
+      for (size_t sl = 0; sl < slices; ++sl) {
+        _tile_loadd(6, b + 16 * sl, 64);
+        _tile_loadd(4, a + sl, as);
+        _tile_dpbf16ps(0, 4, 6);
+        if (nog > 1) {
+          _tile_loadd(5, a + 16 * slices + sl, as);
+          _tile_dpbf16ps(1, 5, 6);
+        }
+        if (nog > 2) {
+          _tile_loadd(4, a + 32 * slices + sl, as);
+          _tile_dpbf16ps(2, 4, 6);
+        }
+        if (nog > 3) {
+          _tile_loadd(5, a + 48 * slices + sl, as);
+          _tile_dpbf16ps(3, 5, 6);
+        }
+      }
+      AMX_C(_tile_stored);
+    }
+  }
+  _tile_release();
+  for (size_t o = it->n0; o < it->n1; ++o) {
+    const size_t j = o - it->n0, pos = tile_pos(it, o);
+    for (size_t r = 0; r < rows; ++r) u.buf[r][pos] = acc[j / 16][r / 16][j % 16][r % 16];
+  }
+  write_tile(it, u.buf);
+  return 1;
+}
+#endif
 #endif
 
 /* the out memref's first element: f32, or with the GLU epilogue the activation type's */

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -60,7 +61,7 @@ def kernel(request, tmp_path_factory):
     so = ctypes.CDLL(str(lib))
     k = Kernel((getattr(so, ukernels.MATVEC_SYMBOL), getattr(so, ukernels.QUANTIZE_SYMBOL),
                 getattr(so, ukernels.GROUP_SYMBOL)))
-    k.flavor, k.bf16 = request.param, request.param == "avx512bf16"
+    k.flavor, k.bf16 = request.param, request.param in ukernels.BF16_FLAVORS
     return k
 
 
@@ -303,6 +304,8 @@ def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
     (3, 40, 224, [3, 11, 14], 1, 32),  # 7 blocks: one quad, a pair and a lone block; passes of 5 + 6; GEMM 4+4+4+2
+    (3, 80, 1056, [37, 16, 6], 1, 64),  # 33 blocks (AMX: K chunks of 8 blocks, a lone last one); 37 rows: three
+                                        # 16-row tile groups, the last partial; a last output tile of 16
 ])
 def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
     """Exact arithmetic up to f32 accumulation: against float64 on the values the kernel was given (the
@@ -454,6 +457,33 @@ def test_f16_layer_through_the_microkernel():
 
 
 # --------------------------------------------------------------------------------- build and fallback
+#: instructions each flavor's object must hold (its GEMM and matvec) and must not (those of a better flavor)
+FLAVOR_ISA = {"avx512amx": ({"tdpbf16ps", "ldtilecfg", "tilerelease", "vdpbf16ps", "vpdpbusd"}, set()),
+              "avx512bf16": ({"vdpbf16ps", "vpdpbusd"}, {"tdpbf16ps", "ldtilecfg"}),
+              "avx2": ({"vpmaddwd", "vpmaddubsw"}, {"vdpbf16ps", "tdpbf16ps", "vpdpbusd"})}
+
+
+@pytest.mark.parametrize("flavor_name", list(ukernels.FLAVORS))
+def test_each_flavor_emits_its_instructions(flavor_name, tmp_path):
+    """What each flavor's object holds, checked in its disassembly on any x86-64 host with a C compiler (the
+    AMX and AVX-512 ones are built, not run, where the CPU lacks them)."""
+    cc, objdump = ukernels._compiler(), shutil.which("objdump")
+    if cc is None or objdump is None or os.uname().machine != "x86_64":
+        pytest.skip("needs an x86-64 host with a C compiler and objdump")
+    obj = tmp_path / f"{flavor_name}.o"
+    built = subprocess.run([cc, *ukernels.BASE_CFLAGS, *ukernels.FLAVORS[flavor_name][1], "-c", str(ukernels.SOURCE),
+                            "-o", str(obj)], capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"{cc} does not build the {flavor_name} flavor: {built.stderr.strip()[:200]}")
+    asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split("\t") for line in asm.splitlines()]  # "   30c60:\tldtilecfg 0x400(%rsp)"
+    mnemonics = {r[1].split()[0] for r in rows if len(r) > 1 and r[0].strip().endswith(":") and r[1].strip()}
+    must, must_not = FLAVOR_ISA[flavor_name]
+    assert must <= mnemonics, f"{flavor_name} lacks {sorted(must - mnemonics)}"
+    assert not (must_not & mnemonics), f"{flavor_name} holds {sorted(must_not & mnemonics)}"
+
+
 def test_object_is_built_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("MXMOE_CACHE_DIR", str(tmp_path))
     ukernels.matvec_object.cache_clear()
