@@ -35,9 +35,9 @@
  * bf16 path (avx512bf16 flavor, bf16 activations): exact.  The activations are the bf16 values
  * themselves, only reordered to the order the decode produces (per quad of 4 blocks, four planes of 32 values,
  * one nibble of each of the quad's 32 weight words; the last nb % 4 blocks per pair: "The bf16 path's order"
- * below; 64 bf16 per pair in the int16 buffer xq; xs is not used).  Each nibble indexes (vpermw, vpermt2w) a
- * table of the e2m1 values as bf16, whose exponents the GEMM's decode has the block's scale added to (value x
- * 2^(s - 127) is an exact bf16 for scale bytes 2..252; a row whose scales leave that range takes an f32 decode,
+ * below; 64 bf16 per pair in the int16 buffer xq; xs is not used).  Each nibble indexes (vpermw) a table of
+ * the e2m1 values as bf16, whose exponents the GEMM's decode moves by the block's scale (value x 2^(s - 127) is
+ * an exact bf16 for scale bytes 2..252; a row whose scales leave that range takes an f32 decode,
  * exact up to bf16 subnormals, NaN for byte 255) and the matvec applies in f32 to each quad's sums, so the
  * products are exact and vdpbf16ps accumulates them in f32: the only rounding is the f32 accumulation,
  * as in an f32 matmul of the dequantized weights.  Few rows per expert: the decoded quads of two weight rows
@@ -306,14 +306,12 @@ DOT_ROWS(4, acc0)
 #if MXMOE_BF16
 
 /* e2m1 codes 0..15 as bf16 bits, twice: a 32-entry vpermw table whose upper half serves a pair's second
- * block; and as f32 */
+ * block */
 static const uint16_t E2M1_BF16[32] = {
     0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
     0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
     0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
     0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
-static const float E2M1_F32[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 /* table entries of the codes +-0, which keep their bits whatever the scale */
 #define NONZERO_CODES 0xFEFEFEFEu
 
@@ -359,15 +357,18 @@ static inline __m512i pair_words(const uint8_t *wp, int lone) {
   return _mm512_cvtepu8_epi16(lone ? _mm256_maskz_loadu_epi8(0xFFFFu, wp) : _mm256_loadu_si256((const __m256i *)wp));
 }
 
-/* Per group of 32 blocks from b0 (of nb): the bf16 exponent adders (s - 127) << 7 as 32 words, and whether
- * a scale byte leaves 2..252 (then value x 2^(s - 127) may not be a normal bf16: the exact decode). */
-static inline __m512i scale_adders(const uint8_t *srow, size_t nb, size_t b0, int *special) {
+/* Per group of 32 blocks from b0 (of nb): the scale bytes as 32 words (0 past nb), and whether one leaves 2..252
+ * (then value x 2^(s - 127) may not be a normal bf16: the exact decode) */
+static inline __m512i scale_words(const uint8_t *srow, size_t nb, size_t b0, int *special) {
   const size_t n = nb - b0 < 32 ? nb - b0 : 32;
   const __mmask32 m = n == 32 ? 0xFFFFFFFFu : ((1u << n) - 1u);
   const __m512i sv = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, srow + b0));
   *special = _mm512_mask_cmpgt_epu16_mask(m, _mm512_sub_epi16(sv, _mm512_set1_epi16(2)), _mm512_set1_epi16(250)) != 0;
-  return _mm512_slli_epi16(_mm512_sub_epi16(sv, _mm512_set1_epi16(127)), 7);
+  return sv;
 }
+
+/* the bf16 exponent adders (s - 127) << 7 of scale words (scaled_table's) */
+static inline __m512i scale_adders(__m512i sv) { return _mm512_slli_epi16(_mm512_sub_epi16(sv, _mm512_set1_epi16(127)), 7); }
 
 /* the e2m1 table with the scales of two blocks applied: entries 0..15 get adder word ia (words 0..15 of ia), 16..31
  * adder word ia's words 16..31 (the codes +-0 keep their bits) */
@@ -391,18 +392,37 @@ static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders,
   *hi = _mm512_permutexvar_epi16(ihi, tab);
 }
 
-/* The quad of blocks 4t..4t+3 of the adders' group (64 weight bytes at wp) -> its four planes, bf16 with the
- * scales applied: one 64-entry table of the four blocks (vpermt2w), a plane's word i indexing block i / 8's part. */
-static inline void decode_quad_bf16(const uint8_t *wp, __m512i adders, size_t t, __m512i out[4]) {
-  const __m512i two = _mm512_mask_set1_epi16(_mm512_set1_epi16((short)(4 * t)), 0xFFFF0000u, (short)(4 * t + 1));
-  const __m512i tab_a = scaled_table(adders, two);
-  const __m512i tab_b = scaled_table(adders, _mm512_add_epi16(two, _mm512_set1_epi16(2)));
-  const __m512i sel = _mm512_set_epi64(0x0030003000300030, 0x0030003000300030, 0x0020002000200020, 0x0020002000200020,
-                                       0x0010001000100010, 0x0010001000100010, 0, 0);
-  const __m512i v = _mm512_loadu_si512((const void *)wp), low4 = _mm512_set1_epi16(0x0F);
-  for (int n = 0; n < 4; ++n) /* (v >> 4n & 15) | sel */
-    out[n] = _mm512_permutex2var_epi16(tab_a, _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4 * n), low4, sel, 0xEA),
-                                       tab_b);
+/* The e2m1 codes as bf16 of 2^125 x their value (both zeros +0), twice: decode_quad_bf16's table.  Value x 2^(s - 127)
+ * is then the entry less (252 - s) << 7, an unsigned saturating subtraction from the exponent field: for scale bytes
+ * 2..252 the amount is at most the field (251..254) less 1, so the result is a normal bf16 of the right sign, and the
+ * zeros, 0 less anything, stay 0 (no mask for the zero codes, as scaled_table's added exponents need). */
+static const uint16_t E2M1_BF16_HI[32] = {
+    0x0000, 0x7D80, 0x7E00, 0x7E40, 0x7E80, 0x7EC0, 0x7F00, 0x7F40,
+    0x0000, 0xFD80, 0xFE00, 0xFE40, 0xFE80, 0xFEC0, 0xFF00, 0xFF40,
+    0x0000, 0x7D80, 0x7E00, 0x7E40, 0x7E80, 0x7EC0, 0x7F00, 0x7F40,
+    0x0000, 0xFD80, 0xFE00, 0xFE40, 0xFE80, 0xFEC0, 0xFF00, 0xFF40};
+/* word i of a quad's planes belongs to block i / 8 of the quad */
+static const uint16_t QUAD_BLOCK[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+/* decode_quad_bf16's subtrahends (252 - s) << 7 of scale words */
+static inline __m512i scale_subtrahends(__m512i sv) {
+  return _mm512_slli_epi16(_mm512_sub_epi16(_mm512_set1_epi16(252), sv), 7);
+}
+
+/* The quad of blocks 4t..4t+3 of the subtrahends' group (64 weight bytes at wp) -> its four planes, bf16 with the
+ * scales applied (scale bytes 2..252): per plane a shift, a vpermw of the 2^125-biased table and one saturating
+ * subtraction of its block's subtrahend.  Until 2026-11-29 a 64-entry table of the quad's four blocks with the adders
+ * applied (two masked adds, four vpermt2w): 22.5 against 19.3 cycles per quad for 64 rows' chunks of 6 pairs, 4-5% of
+ * an 8- or 64-row AMX item (benchmarks/cpu_amx.c, Intel host), level with the noise in the whole layer. */
+static inline void decode_quad_bf16(const uint8_t *wp, __m512i subs, size_t t, __m512i out[4]) {
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
+  const __m512i idx = _mm512_add_epi16(_mm512_loadu_si512((const void *)QUAD_BLOCK), _mm512_set1_epi16((short)(4 * t)));
+  const __m512i sub = _mm512_permutexvar_epi16(idx, subs), v = _mm512_loadu_si512((const void *)wp);
+  out[0] = _mm512_subs_epu16(_mm512_permutexvar_epi16(v, tab), sub);
+  out[1] = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab), sub);
+  out[2] = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tab), sub);
+  out[3] = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tab), sub);
 }
 
 /* e8m0 byte -> f32 2^(b - 127), exactly: 0 is the subnormal 2^-127, 255 NaN */
@@ -463,17 +483,17 @@ static void decode_row_bf16(const uint8_t *wrow, const uint8_t *srow, size_t nb,
   const size_t nq = row_quads(nb), np = row_pairs(nb);
   for (size_t g = 0; g < nq; g += 8) { /* 8 quads share a group of 32 adders */
     int special;
-    const __m512i adders = scale_adders(srow, nb, 4 * g, &special);
+    const __m512i subs = scale_subtrahends(scale_words(srow, nb, 4 * g, &special));
     const size_t ge = g + 8 < nq ? g + 8 : nq;
     for (size_t j = g; j < ge; ++j) {
       _mm_prefetch(next + 64 * j, _MM_HINT_T0);
       if (special) decode_quad_bf16_exact(wrow + 64 * j, srow + 4 * j, dst + 4 * j);
-      else decode_quad_bf16(wrow + 64 * j, adders, j - g, dst + 4 * j);
+      else decode_quad_bf16(wrow + 64 * j, subs, j - g, dst + 4 * j);
     }
   }
   if (2 * nq < np) { /* the last 1-3 blocks */
     int special;
-    const __m512i adders = scale_adders(srow, nb, 4 * nq, &special);
+    const __m512i adders = scale_adders(scale_words(srow, nb, 4 * nq, &special));
     __m512i idx = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 1);
     _mm_prefetch(next + 64 * nq, _MM_HINT_T0);
     for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi16(idx, _mm512_set1_epi16(2))) {
