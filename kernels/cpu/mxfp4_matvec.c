@@ -312,8 +312,6 @@ static const uint16_t E2M1_BF16[32] = {
     0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
     0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
     0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
-/* table entries of the codes +-0, which keep their bits whatever the scale */
-#define NONZERO_CODES 0xFEFEFEFEu
 
 /* The bf16 path's order of a row's values (the packed activations, and the weights the GEMM decodes): each quad
  * of whole blocks 4j..4j+3 (64 weight bytes) is four planes of 32 values.  Read as 32 words, the quad's bytes give
@@ -367,35 +365,10 @@ static inline __m512i scale_words(const uint8_t *srow, size_t nb, size_t b0, int
   return sv;
 }
 
-/* the bf16 exponent adders (s - 127) << 7 of scale words (scaled_table's) */
-static inline __m512i scale_adders(__m512i sv) { return _mm512_slli_epi16(_mm512_sub_epi16(sv, _mm512_set1_epi16(127)), 7); }
-
-/* the e2m1 table with the scales of two blocks applied: entries 0..15 get adder word ia (words 0..15 of ia), 16..31
- * adder word ia's words 16..31 (the codes +-0 keep their bits) */
-static inline __m512i scaled_table(__m512i adders, __m512i ia) {
-  const __m512i base = _mm512_loadu_si512((const void *)E2M1_BF16);
-  return _mm512_mask_add_epi16(base, NONZERO_CODES, base, _mm512_permutexvar_epi16(ia, adders));
-}
-
-/* Pair p of a row (32 weight bytes at wp; only 16 when `lone`) -> lo = [block 2p values 0..15 | block
- * 2p+1 values 0..15], hi = the values 16..31, bf16 with the scales applied.  idx selects the pair's two
- * adders: words 0..15 = 2j, 16..31 = 2j + 1 for the j-th pair of the adders' group. */
-static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i adders, __m512i idx, __m512i *lo,
-                                    __m512i *hi) {
-  const __m512i sel = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 16);
-  const __m512i tab = scaled_table(adders, idx);
-  const __m512i v = pair_words(wp, lone);
-  /* (v & 15) | sel; the high nibble is v >> 4 (< 16 after the zero extension) | sel */
-  const __m512i ilo = _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(0x0F), sel, 0xEA);
-  const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(v, 4), sel);
-  *lo = _mm512_permutexvar_epi16(ilo, tab);
-  *hi = _mm512_permutexvar_epi16(ihi, tab);
-}
-
 /* The e2m1 codes as bf16 of 2^125 x their value (both zeros +0), twice: decode_quad_bf16's table.  Value x 2^(s - 127)
  * is then the entry less (252 - s) << 7, an unsigned saturating subtraction from the exponent field: for scale bytes
  * 2..252 the amount is at most the field (251..254) less 1, so the result is a normal bf16 of the right sign, and the
- * zeros, 0 less anything, stay 0 (no mask for the zero codes, as scaled_table's added exponents need). */
+ * zeros, 0 less anything, stay 0 (adding (s - 127) << 7 to the plain table would need a mask to keep them). */
 static const uint16_t E2M1_BF16_HI[32] = {
     0x0000, 0x7D80, 0x7E00, 0x7E40, 0x7E80, 0x7EC0, 0x7F00, 0x7F40,
     0x0000, 0xFD80, 0xFE00, 0xFE40, 0xFE80, 0xFEC0, 0xFF00, 0xFF40,
@@ -408,6 +381,17 @@ static const uint16_t QUAD_BLOCK[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1
 /* decode_quad_bf16's subtrahends (252 - s) << 7 of scale words */
 static inline __m512i scale_subtrahends(__m512i sv) {
   return _mm512_slli_epi16(_mm512_sub_epi16(_mm512_set1_epi16(252), sv), 7);
+}
+
+/* Pair p of a row (32 weight bytes at wp; only 16 when `lone`) -> lo = [block 2p values 0..15 | block 2p+1 values
+ * 0..15], hi = the values 16..31, bf16 with the scales applied (scale bytes 2..252) as in decode_quad_bf16.  idx selects
+ * the pair's two subtrahends: words 0..15 = 2j, 16..31 = 2j + 1 for the j-th pair of the subtrahends' group. */
+static inline void decode_pair_bf16(const uint8_t *wp, int lone, __m512i subs, __m512i idx, __m512i *lo,
+                                    __m512i *hi) {
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI), sub = _mm512_permutexvar_epi16(idx, subs);
+  const __m512i v = pair_words(wp, lone); /* vpermw reads 5 bits: the low nibble and a bit the table's repeat ignores */
+  *lo = _mm512_subs_epu16(_mm512_permutexvar_epi16(v, tab), sub);
+  *hi = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tab), sub);
 }
 
 /* The quad of blocks 4t..4t+3 of the subtrahends' group (64 weight bytes at wp) -> its four planes, bf16 with the
@@ -481,7 +465,7 @@ static inline void decode_quad_bf16_exact(const uint8_t *wp, const uint8_t *sp, 
  * row). */
 static void decode_row_bf16(const uint8_t *wrow, const uint8_t *srow, size_t nb, const char *next, __m512i *dst) {
   const size_t nq = row_quads(nb), np = row_pairs(nb);
-  for (size_t g = 0; g < nq; g += 8) { /* 8 quads share a group of 32 adders */
+  for (size_t g = 0; g < nq; g += 8) { /* 8 quads share a group of 32 subtrahends */
     int special;
     const __m512i subs = scale_subtrahends(scale_words(srow, nb, 4 * g, &special));
     const size_t ge = g + 8 < nq ? g + 8 : nq;
@@ -493,13 +477,13 @@ static void decode_row_bf16(const uint8_t *wrow, const uint8_t *srow, size_t nb,
   }
   if (2 * nq < np) { /* the last 1-3 blocks */
     int special;
-    const __m512i adders = scale_adders(scale_words(srow, nb, 4 * nq, &special));
+    const __m512i subs = scale_subtrahends(scale_words(srow, nb, 4 * nq, &special));
     __m512i idx = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 1);
     _mm_prefetch(next + 64 * nq, _MM_HINT_T0);
     for (size_t p = 2 * nq; p < np; ++p, idx = _mm512_add_epi16(idx, _mm512_set1_epi16(2))) {
       const int lone = 2 * p + 1 == nb;
       if (special) decode_pair_bf16_exact(wrow + 32 * p, srow + 2 * p, lone, dst + 2 * p, dst + 2 * p + 1);
-      else decode_pair_bf16(wrow + 32 * p, lone, adders, idx, dst + 2 * p, dst + 2 * p + 1);
+      else decode_pair_bf16(wrow + 32 * p, lone, subs, idx, dst + 2 * p, dst + 2 * p + 1);
     }
   }
 }
@@ -522,9 +506,7 @@ static inline __m512 scales16(const uint8_t *srow, size_t nb, size_t b0) {
  * one stream: bdot_rows).  Measured with the one-row matvec of 2026-11-28 evening, single-thread harness, weights
  * from DRAM, GB/s at 1 / 2 / 3 / 4 rows: 15.9 / 12.8 / 8.8 / 5.4 without, 17.1 / 13.9 / 10.9 / 6.8 at 2048 (1024
  * and 4096 no better); in L2 no change. */
-#ifndef BF16_PREFETCH
 #define BF16_PREFETCH 2048
-#endif
 
 /* quad Q of R packed activation rows against two weight rows w0, w1 in registers (planes p, q; scales picked from
  * sv0, sv1 by IDX) into A0[r], A1[r]: each activation load feeds both rows' dot products */
@@ -942,15 +924,7 @@ static inline void transpose16x16(__m512i r[16]) {
 /* bytes ahead in each weight row that the decode prefetches: a chunk reads 128-192 B of each of 64 rows (1.4 KB apart),
  * which the hardware prefetchers do not follow (8-16 rows from DRAM without it, 2-pair chunks: 2.1-2.6 ms against 1.1-1.4
  * per 2880 x 2880; 512-1024 bytes ahead no better than 256) */
-#ifndef AMX_PREFETCH
 #define AMX_PREFETCH 256
-#endif
-/* The GEMM on AMX tiles (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16).  Per K chunk the item's weight rows
- * are decoded as for the AVX-512 GEMM (scales applied, the packed activations' order) and are the A tiles (16 output
- * rows x 32 values); the activation rows, 16 per group (zeros past the last), are transposed to the B tiles' pair
- * layout (row i: values 2i and 2i + 1 of 16 rows); the C tiles [outputs][rows] stay in memory between chunks.  The
- * products are exact and TDPBF16PS sums them in f32, as vdpbf16ps does (its order of additions differs).  Returns 0
- * when the kernel refuses the tiles (nothing written). */
 /* OP (_tile_loadd or _tile_stored) on the C tiles of the nog output groups of row group g */
 #define AMX_C(OP)                                          \
   do {                                                     \
@@ -959,6 +933,12 @@ static inline void transpose16x16(__m512i r[16]) {
     if (nog > 2) OP(2, acc[2][g], 64);                     \
     if (nog > 3) OP(3, acc[3][g], 64);                     \
   } while (0)
+/* The GEMM on AMX tiles (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16).  Per K chunk the item's weight rows
+ * are decoded as for the AVX-512 GEMM (scales applied, the packed activations' order) and are the A tiles (16 output
+ * rows x 32 values); the activation rows, 16 per group (zeros past the last), are transposed to the B tiles' pair
+ * layout (row i: values 2i and 2i + 1 of 16 rows); the C tiles [outputs][rows] stay in memory between chunks.  The
+ * products are exact and TDPBF16PS sums them in f32, as vdpbf16ps does (its order of additions differs).  Returns 0
+ * when the kernel refuses the tiles (nothing written). */
 static int item_amx(const item_t *it, const uint16_t *x0) {
   if (amx_permission() != 0) return 0;
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
