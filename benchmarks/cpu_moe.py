@@ -336,7 +336,7 @@ def main() -> None:
         print(f"  read bandwidth     {peaks[('read_bw', 1)]:7.1f} / {peaks.get(('read_bw', args.threads), float('nan')):7.1f} GB/s")
     avx512_instr = "vdpbf16ps-zmm" if args.activations == "bf16" else "vpdpbusd-zmm"
     gemm_instr = avx512_instr if uk.flavor in BF16_FLAVORS else "vpmaddwd-ymm"
-    if uk.flavor == "avx512amx" and args.activations == "bf16":  # the GEMM of 6+ rows per item runs on AMX tiles
+    if uk.flavor == "avx512amx" and args.activations == "bf16":  # the GEMM of 5+ rows per item runs on AMX tiles
         gemm_instr = "amx-bf16"
     planes = 2 if args.activations == "mxint16" else 1  # int8 multiply-adds per useful one
     print(f"activations: {args.activations}; % peak of {gemm_instr}" + (f" / {planes}" if planes > 1 else ""))

@@ -8,7 +8,7 @@ expert, decodes with table lookups and multiplies with the host's dot-product in
 it and the deploy machine needs no compiler.
 
 Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512amx`` (``avx512bf16`` with
-AMX tiles for the bf16 GEMM of 6 or more rows per work item: ``tdpbf16ps``), ``avx512bf16`` (AVX-512 with
+AMX tiles for the bf16 GEMM of 5 or more rows per work item: ``tdpbf16ps``), ``avx512bf16`` (AVX-512 with
 AVX512-BF16 and AVX512-VNNI: exact bf16 dot products, ``vdpbf16ps``; the int8 form's ``vpdpbusd``) and ``avx2``
 (AVX2/FMA/F16C: int16 activations, ``vpmaddwd``). ``MXMOE_CPU_UKERNEL=avx2`` forces the AVX2 one (the tests use it to keep it tested on an
 AVX-512 host). Both also hold the int8 form of the cpu target's ``activations="mxint8"`` (``mxint8_rows16.c``,

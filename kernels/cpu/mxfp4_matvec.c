@@ -801,15 +801,21 @@ static void item_int16(const item_t *it, const int16_t *xq0, const float *xs0) {
  * 128 KB); longer rows go in chunks, their partial sums added (an even number: a chunk starts a quad) */
 #define BF16_GEMM_PAIRS 48
 #if MXMOE_AMX
-/* at least this many rows per item take the AMX GEMM (item_amx) */
+/* at least this many rows per item take the AMX GEMM (item_amx), ahead of the matvec.  Single-thread harness
+ * (benchmarks/cpu_amx.c, 2026-11-29), µs per call, matvec against AMX, 4 / 5 / 8 rows: weights in L2 69.6 / 83.1 / 139.7
+ * against 55.7 / 53.2 / 53.8, from DRAM 844 / 970 / 1561 against 885 / 894 / 873.  (Until 2026-11-29 the matvec's
+ * test came first, so the AMX GEMM took only items of 12+ rows.) */
 #ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 6
+#define AMX_MIN_ROWS 5
 #endif
 static int item_amx(const item_t *it, const uint16_t *x0);
 #endif
 static void item_bf16(const item_t *it, const uint16_t *x0) {
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
   float buf[MAX_ITEM_ROWS][MAX_TILE_N];
+#if MXMOE_AMX
+  if (rows >= AMX_MIN_ROWS && item_amx(it, x0)) return;
+#endif
   if (rows <= BF16_MATVEC_ROWS) {
     const size_t passes = (rows + 7) / 8; /* of up to 8 rows each, the weight rows staying in L1 between them */
     for (size_t o = it->n0; o < it->n1; o += 2) {
@@ -840,9 +846,6 @@ static void item_bf16(const item_t *it, const uint16_t *x0) {
     write_tile(it, buf);
     return;
   }
-#if MXMOE_AMX
-  if (rows >= AMX_MIN_ROWS && item_amx(it, x0)) return;
-#endif
   __m512i wbuf[4 * 2 * BF16_GEMM_PAIRS];
   for (size_t p0 = 0; p0 < np; p0 += BF16_GEMM_PAIRS) {
     const size_t npc = np - p0 < BF16_GEMM_PAIRS ? np - p0 : BF16_GEMM_PAIRS;
@@ -916,54 +919,66 @@ static inline void transpose16x16(__m512i r[16]) {
   }
 }
 
-/* the AMX GEMM's stack buffer of a K chunk's decoded weight rows and activation rows in tile order (64 KB, later the
- * results' buffer; with the C tiles' 16 KB within IREE's 128 KB worker stacks): the chunk is as long as it lets, an
- * even number of pairs (a chunk starts a quad).  Single-thread harness, 8 rows by 64 x 2880 weights in L2: chunks
- * of 2 / 4 / 8 pairs 116 / 83 / 74 us (the decode's per-call cost) */
+/* the AMX GEMM's stack buffer of a K chunk (64 KB, later the results' buffer; with the C tiles' 16 KB within IREE's
+ * 128 KB worker stacks): two A buffers of 16 decoded weight rows and the activation rows in tile order; the chunk is
+ * as long as it lets (10 pairs with one row group, 4 with four), an even number of pairs (a chunk starts a quad).
+ * Single-thread harness, 8 rows by 64 x 2880 weights in L2: chunks of 2 / 4 / 8 pairs 116 / 83 / 74 us (the decode's
+ * per-call cost, 2026-11-29 morning); a 32 / 40 / 48 KB buffer measured level with 64 KB at 8-64 rows (2026-11-29). */
 #define AMX_WORK_ZMM 1024
-/* bytes ahead in each weight row that the decode prefetches: a chunk reads 128-192 B of each of 64 rows (1.4 KB apart),
- * which the hardware prefetchers do not follow (8-16 rows from DRAM without it, 2-pair chunks: 2.1-2.6 ms against 1.1-1.4
- * per 2880 x 2880; 512-1024 bytes ahead no better than 256) */
+/* bytes ahead in each weight row that the decode prefetches: a chunk reads 128-640 B of each of 16 rows (1.4 KB apart
+ * for gpt-oss), which the hardware prefetchers do not follow (8-16 rows from DRAM without it, 2-pair chunks: 2.1-2.6 ms
+ * against 1.1-1.4 per 2880 x 2880; 512-1024 bytes ahead no better than 256) */
 #define AMX_PREFETCH 256
-/* OP (_tile_loadd or _tile_stored) on the C tiles of the nog output groups of row group g */
-#define AMX_C(OP)                                          \
-  do {                                                     \
-    OP(0, acc[0][g], 64);                                  \
-    if (nog > 1) OP(1, acc[1][g], 64);                     \
-    if (nog > 2) OP(2, acc[2][g], 64);                     \
-    if (nog > 3) OP(3, acc[3][g], 64);                     \
-  } while (0)
-/* The GEMM on AMX tiles (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16).  Per K chunk the item's weight rows
- * are decoded as for the AVX-512 GEMM (scales applied, the packed activations' order) and are the A tiles (16 output
- * rows x 32 values); the activation rows, 16 per group (zeros past the last), are transposed to the B tiles' pair
- * layout (row i: values 2i and 2i + 1 of 16 rows); the C tiles [outputs][rows] stay in memory between chunks.  The
- * products are exact and TDPBF16PS sums them in f32, as vdpbf16ps does (its order of additions differs).  Returns 0
- * when the kernel refuses the tiles (nothing written). */
+/* The GEMM on AMX tiles (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 by 32 x 16 bf16).  Per K chunk the activation rows,
+ * 16 per row group (zeros past the last), are transposed to the B tiles' pair layout (row i: values 2i and 2i + 1 of
+ * 16 rows); then per output group of 16 weight rows the rows are decoded as for the AVX-512 GEMM (scales applied, the
+ * packed activations' order) into one of two A buffers (16 outputs x 32 values per slice) and meet every B tile.  The
+ * tile unit runs a group's TDPBF16PS while the core decodes the next group into the other buffer: decoding all of a
+ * chunk's groups before their tile ops left both idle in turn (benchmarks/cpu_amx.c, 256 x 2880 in L2, one thread,
+ * 8 / 16 / 64 rows: 70.4 / 70.5 / 164.4 us before, 53.8 / 54.0 / 157.5 after; from DRAM 988 -> 873 us at 8 rows).  At
+ * 64 rows the parts, each left out in turn: the decode ~48 us, the activation rows' loads, transposes and stores ~50
+ * (redone by every output tile of the item's rows), the tile ops ~60.  One row group keeps each output group's C tile in its tile register for the whole
+ * item; more load and store theirs per chunk.  The products are exact and TDPBF16PS sums them in f32, as vdpbf16ps
+ * does (its order of additions differs).  Returns 0 when the kernel refuses the tiles (nothing written). */
 static int item_amx(const item_t *it, const uint16_t *x0) {
   if (amx_permission() != 0) return 0;
   const size_t nb = it->nb, np = row_pairs(nb), xrow = 64 * np, kh = nb * 16, rows = it->rows;
   const size_t m = it->n1 - it->n0, nog = (m + 15) / 16, ntg = (rows + 15) / 16;
-  /* 16 nog decoded rows of 2 cp vectors, then per row group 32 cp B rows of 16 dwords */
-  const size_t cp = AMX_WORK_ZMM / (32 * (nog + ntg)) / 2 * 2;
+  /* per pair: two A buffers of 16 rows x 2 vectors, and per row group 32 B rows of 16 dwords */
+  const size_t cp = AMX_WORK_ZMM / (64 + 32 * ntg) / 2 * 2;
   union {
     __m512i work[AMX_WORK_ZMM];
     float buf[MAX_ITEM_ROWS][MAX_TILE_N]; /* after the last chunk, the results by row */
   } u;
-  __m512i *const wdec = u.work, *const xv = u.work + 32 * nog * cp;
+  __m512i *const xv = u.work + 64 * cp;
   float acc[MAX_TILE_N / 16][MAX_ITEM_ROWS / 16][16][16];
   amx_config_t cfg = {0};
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
   _tile_loadconfig(&cfg);
+  /* C tiles: output group og in tile og (the intrinsics take constant tile numbers); AMX_C_OP(OP, og, ptr) is OP(og,
+   * ptr, 64) on C tile og, e.g. AMX_DP46: its TDPBF16PS with A tile 4 and B tile 6 */
+#define AMX_C_OP(OP, og, ptr)                \
+  switch (og) {                              \
+    case 0: OP(0, ptr, 64); break;           \
+    case 1: OP(1, ptr, 64); break;           \
+    case 2: OP(2, ptr, 64); break;           \
+    default: OP(3, ptr, 64); break;          \
+  }
+#define AMX_DP46(c, unused, stride) _tile_dpbf16ps(c, 4, 6)
+#define AMX_DP57(c, unused, stride) _tile_dpbf16ps(c, 5, 7)
+#define AMX_C_ZERO(og)                       \
+  switch (og) {                              \
+    case 0: _tile_zero(0); break;            \
+    case 1: _tile_zero(1); break;            \
+    case 2: _tile_zero(2); break;            \
+    default: _tile_zero(3); break;           \
+  }
+  if (ntg == 1)
+    for (size_t og = 0; og < nog; ++og) AMX_C_ZERO(og)
   for (size_t p0 = 0; p0 < np; p0 += cp) {
     const size_t npc = np - p0 < cp ? np - p0 : cp;
     const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc, slices = 2 * npc;
-    for (size_t j = 0; j < 16 * nog; ++j) { /* rows past the tile repeat its last */
-      const size_t o = it->n0 + j < it->n1 ? it->n0 + j : it->n1 - 1;
-      const uint8_t *wrow = it->w + weight_row(it, o) * kh + 16 * b0;
-      decode_row_bf16(wrow, it->s + weight_row(it, o) * nb + b0, nbc, (const char *)wrow + AMX_PREFETCH,
-                      wdec + j * slices);
-    }
     for (size_t g = 0; g < ntg; ++g)
       for (size_t sl = 0; sl < slices; ++sl) {
         __m512i r[16];
@@ -973,38 +988,42 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
         transpose16x16(r);
         for (size_t i = 0; i < 16; ++i) _mm512_store_si512((void *)(xv + (g * 32 * npc + 16 * sl + i)), r[i]);
       }
-    for (size_t g = 0; g < ntg; ++g) { /* C tiles 0..3: the output groups, four independent sums (one C tile's
-                                           TDPBF16PS wait for each other) */
-      const __m512i *b = xv + g * 32 * npc, *a = wdec;
+    for (size_t og = 0; og < nog; ++og) {
+      __m512i *const a = u.work + (og & 1) * 32 * cp;
+      for (size_t j = 0; j < 16; ++j) { /* rows past the tile repeat its last */
+        const size_t o = it->n0 + 16 * og + j < it->n1 ? it->n0 + 16 * og + j : it->n1 - 1;
+        const uint8_t *wrow = it->w + weight_row(it, o) * kh + 16 * b0;
+        decode_row_bf16(wrow, it->s + weight_row(it, o) * nb + b0, nbc, (const char *)wrow + AMX_PREFETCH,
+                        a + j * slices);
+      }
       const size_t as = slices * 64; /* bytes between decoded rows */
-      if (p0 == 0) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      } else {
-        AMX_C(_tile_loadd);
+      for (size_t g = 0; g < ntg; ++g) {
+        const __m512i *b = xv + g * 32 * npc;
+        if (ntg > 1) {
+          if (p0 == 0) AMX_C_ZERO(og)
+          else AMX_C_OP(_tile_loadd, og, acc[og][g])
+        }
+        for (size_t sl = 0; sl < slices; ++sl) { /* A and B tiles alternate registers 4 / 5 and 6 / 7 */
+          if (sl & 1) {
+            _tile_loadd(7, b + 16 * sl, 64);
+            _tile_loadd(5, a + sl, as);
+            AMX_C_OP(AMX_DP57, og, 0)
+          } else {
+            _tile_loadd(6, b + 16 * sl, 64);
+            _tile_loadd(4, a + sl, as);
+            AMX_C_OP(AMX_DP46, og, 0)
+          }
+        }
+        if (ntg > 1) AMX_C_OP(_tile_stored, og, acc[og][g])
       }
-      for (size_t sl = 0; sl < slices; ++sl) {
-        _tile_loadd(6, b + 16 * sl, 64);
-        _tile_loadd(4, a + sl, as);
-        _tile_dpbf16ps(0, 4, 6);
-        if (nog > 1) {
-          _tile_loadd(5, a + 16 * slices + sl, as);
-          _tile_dpbf16ps(1, 5, 6);
-        }
-        if (nog > 2) {
-          _tile_loadd(4, a + 32 * slices + sl, as);
-          _tile_dpbf16ps(2, 4, 6);
-        }
-        if (nog > 3) {
-          _tile_loadd(5, a + 48 * slices + sl, as);
-          _tile_dpbf16ps(3, 5, 6);
-        }
-      }
-      AMX_C(_tile_stored);
     }
   }
+  if (ntg == 1)
+    for (size_t og = 0; og < nog; ++og) AMX_C_OP(_tile_stored, og, acc[og][0])
+#undef AMX_C_OP
+#undef AMX_DP46
+#undef AMX_DP57
+#undef AMX_C_ZERO
   _tile_release();
   for (size_t o = it->n0; o < it->n1; ++o) {
     const size_t j = o - it->n0, pos = tile_pos(it, o);

@@ -304,7 +304,7 @@ def test_glu_epilogue_is_the_reference_glu(kernel, x_kind, out, interleaved, glu
     (5, 32, 64, [32], 1, 32),          # one expert with 32 rows (8 groups), four idle expert slots
     (2, 36, 3232, [70, 3], 2, 32),     # 101 blocks: the bf16 GEMM decodes K in two chunks; 70 rows: two items
     (3, 40, 224, [3, 11, 14], 1, 32),  # 7 blocks: one quad, a pair and a lone block; passes of 5 + 6; GEMM 4+4+4+2
-    (3, 80, 1056, [37, 16, 6], 1, 64),  # 33 blocks (AMX: K chunks of 8 blocks, a lone last one); 37 rows: three
+    (3, 80, 1056, [37, 16, 6], 1, 64),  # 33 blocks (AMX: K chunks of 6 or 10 pairs, a lone last block); 37 rows: three
                                         # 16-row tile groups, the last partial; a last output tile of 16
 ])
 def test_kernel_matches_float64(kernel, E, N, K, rows, bias_kind, tile_n, x_kind):
