@@ -127,7 +127,8 @@ class CompiledModule:
         if self._bound is None:
             record = self.target.record(self.code, self.mlir)
             self.code.check_runnable(record)  # TargetUnavailableError (a RuntimeError) naming what is missing
-            self._bound = EntryPoints(self.entries, self.code, self.code.executor(self.parameters, record))
+            self._bound = EntryPoints(self.entries, self.code, self.code.executor(self.parameters, record),
+                                      weight_bytes=sum(p.static_nbytes() for p in self.parameter_specs))
         return self._bound
 
     def executor(self):

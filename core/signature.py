@@ -31,6 +31,13 @@ class TensorSpec:
         dims = ", ".join("?" if s is None else str(s) for s in self.shape)
         return f"{self.name}: {self.dtype}[{dims}]"
 
+    def static_nbytes(self) -> int:
+        """Bytes of one tensor of this spec, its dynamic dims taken as 1 (a parameter's size; an input's per token)."""
+        n = numpy_dtype(self.dtype).itemsize
+        for d in self.shape:
+            n *= d if d is not None else 1
+        return n
+
 
 def as_numpy(value: Any) -> tuple[np.ndarray, bool]:
     """(numpy view/copy of value, whether it was a torch tensor). torch is never imported here."""

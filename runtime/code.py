@@ -10,6 +10,7 @@ compiler), with no backend names tested anywhere else.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -19,6 +20,14 @@ KIND_VMFB = "iree-vmfb"
 KIND_IRPA = "iree-parameter-archive"
 KIND_SAFETENSORS = "safetensors"
 KIND_CUBIN = "cubin"
+
+#: a CPU module's calls are split so that each piece's input rows hold about 1 / CPU_CHUNK_WEIGHT_SHARE of the weights'
+#: bytes (IreeCode.token_chunk), within these token counts.  Pieces that small keep the per-token cost at its level of
+#: a few hundred tokens up to 262,144 tokens (E=32 k=4 H=I=512: ~1.5 K tokens a piece), while the weights, streamed
+#: once per piece, stay a small share of it (gpt-oss-20b: ~9 K tokens): docs/cpu.md, "Per-token cost"
+CPU_CHUNK_WEIGHT_SHARE = 8
+CPU_TOKEN_CHUNK_RANGE = (1024, 65536)
+CPU_TOKEN_CHUNK_ENV = "MXMOE_CPU_TOKEN_CHUNK"
 
 
 class TargetUnavailableError(RuntimeError):
@@ -51,6 +60,17 @@ class IreeCode:
     weights_format = KIND_IRPA
     #: the executor takes numpy arrays (callers' torch tensors are bridged, outputs bridged back)
     takes_tensors = False
+
+    def token_chunk(self, weight_bytes: int, token_bytes: int) -> int | None:
+        """The most tokens one call of a CPU module runs (larger calls run in pieces: runtime/module.py), for
+        ``weight_bytes`` of parameters and ``token_bytes`` of input row; the environment's ``MXMOE_CPU_TOKEN_CHUNK``
+        overrides it (0: never split). None on GPUs."""
+        if self.driver != "local":
+            return None
+        if CPU_TOKEN_CHUNK_ENV in os.environ:
+            return int(os.environ[CPU_TOKEN_CHUNK_ENV]) or None
+        lo, hi = CPU_TOKEN_CHUNK_RANGE
+        return min(max(weight_bytes // (CPU_CHUNK_WEIGHT_SHARE * max(token_bytes, 1)), lo), hi)
 
     def record(self) -> dict:
         return {"kind": KIND_VMFB, "section": "module.vmfb", "function": self.function, "driver": self.driver}

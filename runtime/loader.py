@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype
-from mxmoe.core.signature import EntrySignature
+from mxmoe.core.signature import EntrySignature, TensorSpec
 from mxmoe.core.stored_form import StoredForm
 from mxmoe.runtime.artifact import Artifact, ArtifactError, irpa_index, read_safetensors_view
 from mxmoe.runtime.code import KIND_IRPA, KIND_SAFETENSORS, TargetUnavailableError
@@ -37,7 +37,8 @@ class LoadedModule(EntryPoints):
     def __init__(self, artifact: Artifact, code, executor, weight_set: str | None, mapped: bool = False):
         # a file changed under the mapping: an error at the next call, not SIGBUS or silently new weights
         super().__init__([EntrySignature.from_dict(d) for d in artifact.manifest["entries"]], code, executor,
-                         guard=artifact.check_unchanged if mapped else None)
+                         guard=artifact.check_unchanged if mapped else None,
+                         weight_bytes=sum(TensorSpec.from_dict(p).static_nbytes() for p in artifact.manifest["parameters"]))
         self.artifact = artifact
         self.manifest = artifact.manifest
         self.path = artifact.path

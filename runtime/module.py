@@ -6,6 +6,13 @@ entry's dtype, numpy in gives numpy out and torch in gives torch out. Code whose
 
 An empty batch (a first input with no elements: 0 tokens, as an expert-parallel rank without tokens sends) runs
 nothing: the outputs are empty arrays of the shapes ``mxmoe.core.signature.empty_outputs`` gives.
+
+Code that says so (``token_chunk``: the CPU modules) runs a call of more tokens than that as consecutive calls of at
+most that many, every per-token input sliced and the outputs joined: each token's result is computed from its own row
+alone, so this changes no routing and only the f32 summation order of a matmul's rows (which path a work item takes
+depends on how many rows its expert got), and it keeps the call's intermediates (~115 KB per token for gpt-oss-20b)
+near the cache instead of growing with the token count; the size of a piece follows the weights' bytes
+(``IreeCode.token_chunk``; docs/cpu.md, "Per-token cost").
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ class BoundModule:
     serialise them)."""
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], executor, takes_tensors: bool,
-                 guard=None):
+                 guard=None, token_chunk: int | None = None):
         self.inputs, self.outputs = list(inputs), list(outputs)
         self._executor = executor
         self._takes_tensors = takes_tensors
         self._guard = guard  # called before every call (a loaded artifact checks its file did not change)
+        # tokens per executor call, where the entry's outputs follow its first input's leading dim (the module docstring)
+        self._token_chunk = token_chunk if token_chunk and _follows_tokens(self.inputs, self.outputs) else None
         # inputs of a program exported for one token count (every dim static): a tensor-taking executor, which
         # checks only the trailing dims, must not run another count
         self._fixed = [(i, spec) for i, spec in enumerate(self.inputs) if spec.shape and None not in spec.shape]
@@ -51,10 +60,28 @@ class BoundModule:
                 check_shape(spec, tuple(args[i].shape))
             return self._executor(*args)  # it checks shapes itself ([..., H]: leading dims are flattened)
         arrays, any_torch = check_inputs(self.inputs, args)
-        outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._executor(*arrays)
+        outs = self._empty(arrays[0].shape) if arrays[0].size == 0 else self._run(arrays)
         if any_torch:
             outs = [to_torch(o) for o in outs]
         return self._unpack(outs)
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The executor on these inputs, in calls of at most ``token_chunk`` tokens (see the module docstring). Inputs
+        whose leading dim is dynamic are the per-token ones; if one of them disagrees with the first input's token
+        count, the module gets the call whole and reports it."""
+        n, chunk = arrays[0].shape[0], self._token_chunk
+        per_token = [bool(s.shape) and s.shape[0] is None for s in self.inputs]
+        if not chunk or n <= chunk or any(t and a.shape[0] != n for a, t in zip(arrays, per_token)):
+            return self._executor(*arrays)
+        step = -(-n // -(-n // chunk))  # pieces of equal size (but the last), as few as the chunk allows
+        outs: list[np.ndarray] | None = None
+        for start in range(0, n, step):
+            part = self._executor(*[a[start:start + step] if t else a for a, t in zip(arrays, per_token)])
+            if outs is None:
+                outs = [np.empty((n,) + p.shape[1:], p.dtype) for p in part]
+            for o, p in zip(outs, part):
+                o[start:start + len(p)] = p
+        return outs
 
     @staticmethod
     def _unpack(outs):
@@ -82,11 +109,12 @@ class EntryPoints:
     ``modular``...): calling it runs the default (first) entry; ``entry(name)`` gives another as a
     :class:`BoundModule`. Entries share the loaded code and weights."""
 
-    def __init__(self, entries: Sequence[EntrySignature], code, executor, guard=None):
+    def __init__(self, entries: Sequence[EntrySignature], code, executor, guard=None, weight_bytes: int = 0):
         if not entries:
             raise ValueError("a compiled module needs at least one entry point")
         self.entries = list(entries)
         self._code, self._executor, self._guard = code, executor, guard
+        self._weight_bytes = weight_bytes  # what the executor bound: sizes the pieces of a long call
         self._bound: dict[str, BoundModule] = {}
 
     @property
@@ -99,8 +127,12 @@ class EntryPoints:
             raise ValueError(f"no entry point {name!r} (this module has: {', '.join(self.entry_names)})")
         if sig.name not in self._bound:
             self._bound[sig.name] = BoundModule(sig.inputs, sig.outputs, self._code.entry(self._executor, sig.name),
-                                                self._code.takes_tensors, self._guard)
+                                                self._code.takes_tensors, self._guard, self._token_chunk(sig))
         return self._bound[sig.name]
+
+    def _token_chunk(self, sig: EntrySignature) -> int | None:
+        chunk = getattr(self._code, "token_chunk", None)
+        return chunk(self._weight_bytes, sig.inputs[0].static_nbytes()) if chunk and sig.inputs else None
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -116,3 +148,9 @@ class EntryPoints:
 
     def __call__(self, *args):
         return self.entry()(*args)
+
+
+def _follows_tokens(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
+    """Whether every output's leading dim is the first input's dynamic one (tokens), so calls can be split there."""
+    lead = lambda spec: spec.shape[0] if spec.shape else 0  # noqa: E731 - a scalar has no token dim
+    return bool(inputs) and lead(inputs[0]) is None and all(lead(o) is None for o in outputs)
