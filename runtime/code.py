@@ -68,7 +68,10 @@ class IreeCode:
         if self.driver != "local":
             return None
         if CPU_TOKEN_CHUNK_ENV in os.environ:
-            return int(os.environ[CPU_TOKEN_CHUNK_ENV]) or None
+            value = os.environ[CPU_TOKEN_CHUNK_ENV].strip()
+            if not value.isdigit():
+                raise ValueError(f"{CPU_TOKEN_CHUNK_ENV} must be a number of tokens (0: never split), got {value!r}")
+            return int(value) or None
         lo, hi = CPU_TOKEN_CHUNK_RANGE
         return min(max(weight_bytes // (CPU_CHUNK_WEIGHT_SHARE * max(token_bytes, 1)), lo), hi)
 

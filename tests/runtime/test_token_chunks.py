@@ -74,6 +74,10 @@ def test_the_chunk_follows_the_weights_and_only_on_the_cpu(monkeypatch):
     assert cpu.token_chunk(10**9, 64) is None
     monkeypatch.setenv(CPU_TOKEN_CHUNK_ENV, "33")
     assert cpu.token_chunk(10**9, 64) == 33
+    for bad in ("-5", "lots", ""):
+        monkeypatch.setenv(CPU_TOKEN_CHUNK_ENV, bad)
+        with pytest.raises(ValueError, match="MXMOE_CPU_TOKEN_CHUNK must be a number of tokens"):
+            cpu.token_chunk(10**9, 64)
 
 
 def test_a_compiled_layer_in_pieces_matches_it_whole(monkeypatch):
