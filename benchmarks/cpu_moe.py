@@ -434,7 +434,10 @@ def main() -> None:
         scfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I)
         smoe = MoE.random(scfg, seed=1)
         scm = mxmoe.compile(smoe, target="cpu", activations=args.activations)
-        print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token")
+        chunk = scm.bound().entry().token_chunk
+        print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token; calls of more than "
+              f"{chunk} tokens run in pieces (MXMOE_CPU_TOKEN_CHUNK)" if chunk else
+              f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token; calls never split")
         row = []
         for T in (int(t) for t in args.scaling.split(",")):
             x = inputs(scfg, T)

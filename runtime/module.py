@@ -46,6 +46,11 @@ class BoundModule:
     def executor(self):
         return self._executor
 
+    @property
+    def token_chunk(self) -> int | None:
+        """The most tokens one executor call runs (longer calls run in pieces), or None: never split."""
+        return self._token_chunk
+
     def __call__(self, *args):
         if self._guard is not None:
             self._guard()

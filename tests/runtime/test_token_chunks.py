@@ -59,7 +59,7 @@ def test_unequal_token_counts_go_whole_to_the_module():
 def test_outputs_that_do_not_follow_the_tokens_are_never_split():
     ex = Recorder()
     mod = BoundModule([X, IDS, TABLE], [TensorSpec("out0", "float32", (3,))], ex, takes_tensors=False, token_chunk=4)
-    assert mod._token_chunk is None
+    assert mod.token_chunk is None
     mod(*_inputs(9))
     assert ex.calls == [(9, 9, 5)]
 
@@ -91,10 +91,10 @@ def test_a_compiled_layer_in_pieces_matches_it_whole(monkeypatch):
     x = torch.randn(300, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
     monkeypatch.setenv(CPU_TOKEN_CHUNK_ENV, "0")
     whole = mxmoe.compile(layer, target="cpu")
-    assert whole.bound().entry()._token_chunk is None
+    assert whole.bound().entry().token_chunk is None
     monkeypatch.setenv(CPU_TOKEN_CHUNK_ENV, "64")
     pieces = mxmoe.compile(layer, target="cpu")
-    assert pieces.bound().entry()._token_chunk == 64
+    assert pieces.bound().entry().token_chunk == 64
     a, b = whole(x).float(), pieces(x).float()
     assert (a - b).abs().max() <= 2 ** -7 * a.abs().max()  # one bf16 rounding at most
     assert (a == b).float().mean() > 0.95
