@@ -435,9 +435,8 @@ def main() -> None:
         smoe = MoE.random(scfg, seed=1)
         scm = mxmoe.compile(smoe, target="cpu", activations=args.activations)
         chunk = scm.bound().entry().token_chunk
-        print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token; calls of more than "
-              f"{chunk} tokens run in pieces (MXMOE_CPU_TOKEN_CHUNK)" if chunk else
-              f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token; calls never split")
+        split = f"calls of more than {chunk} tokens run in pieces (MXMOE_CPU_TOKEN_CHUNK)" if chunk else "calls never split"
+        print(f"\nscaling (E={E} k={k} H={H} I={I}): ms per call and us per token; {split}")
         row = []
         for T in (int(t) for t in args.scaling.split(",")):
             x = inputs(scfg, T)

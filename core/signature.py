@@ -114,6 +114,13 @@ def _dynamic_lead(spec: TensorSpec) -> int | None:
     return lead if all(d is not None for d in spec.shape[lead:]) else None
 
 
+def outputs_follow_input(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
+    """Whether every output leads with the first input's dynamic (batch) dims and nothing else dynamic, as an MoE
+    layer's ``[?, H] -> [?, H]`` does: what :func:`empty_outputs` needs, and what lets a call be split along them."""
+    n_in = _dynamic_lead(inputs[0]) if inputs else None
+    return bool(n_in) and all(_dynamic_lead(out) == n_in for out in outputs)
+
+
 def empty_outputs(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], shape: Sequence[int]) -> list[tuple]:
     """The output shapes for a call whose first input, of ``shape``, holds no elements (an empty batch), without
     running anything: each output takes the input's leading (batch) dims and its own static trailing dims, as an MoE

@@ -23,7 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from mxmoe.core.bridge import numpy_dtype, to_torch
-from mxmoe.core.signature import EntrySignature, TensorSpec, check_inputs, check_shape, empty_outputs
+from mxmoe.core.signature import (EntrySignature, TensorSpec, check_inputs, check_shape, empty_outputs,
+                                  outputs_follow_input)
 
 
 class BoundModule:
@@ -36,8 +37,10 @@ class BoundModule:
         self._executor = executor
         self._takes_tensors = takes_tensors
         self._guard = guard  # called before every call (a loaded artifact checks its file did not change)
-        # tokens per executor call, where the entry's outputs follow its first input's leading dim (the module docstring)
-        self._token_chunk = token_chunk if token_chunk and _follows_tokens(self.inputs, self.outputs) else None
+        # tokens per executor call, where the entry's outputs follow its first input's leading dim (the module
+        # docstring); the inputs whose leading dim is dynamic are the per-token ones, sliced into the pieces
+        self._token_chunk = token_chunk if token_chunk and outputs_follow_input(self.inputs, self.outputs) else None
+        self._per_token = [bool(s.shape) and s.shape[0] is None for s in self.inputs]
         # inputs of a program exported for one token count (every dim static): a tensor-taking executor, which
         # checks only the trailing dims, must not run another count
         self._fixed = [(i, spec) for i, spec in enumerate(self.inputs) if spec.shape and None not in spec.shape]
@@ -71,11 +74,9 @@ class BoundModule:
         return self._unpack(outs)
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The executor on these inputs, in calls of at most ``token_chunk`` tokens (see the module docstring). Inputs
-        whose leading dim is dynamic are the per-token ones; if one of them disagrees with the first input's token
-        count, the module gets the call whole and reports it."""
-        n, chunk = arrays[0].shape[0], self._token_chunk
-        per_token = [bool(s.shape) and s.shape[0] is None for s in self.inputs]
+        """The executor on these inputs, in calls of at most ``token_chunk`` tokens (see the module docstring); if a
+        per-token input disagrees with the first input's token count, the module gets the call whole and reports it."""
+        n, chunk, per_token = arrays[0].shape[0], self._token_chunk, self._per_token
         if not chunk or n <= chunk or any(t and a.shape[0] != n for a, t in zip(arrays, per_token)):
             return self._executor(*arrays)
         step = -(-n // -(-n // chunk))  # pieces of equal size (but the last), as few as the chunk allows
@@ -154,8 +155,3 @@ class EntryPoints:
     def __call__(self, *args):
         return self.entry()(*args)
 
-
-def _follows_tokens(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
-    """Whether every output's leading dim is the first input's dynamic one (tokens), so calls can be split there."""
-    lead = lambda spec: spec.shape[0] if spec.shape else 0  # noqa: E731 - a scalar has no token dim
-    return bool(inputs) and lead(inputs[0]) is None and all(lead(o) is None for o in outputs)

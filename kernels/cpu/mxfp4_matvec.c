@@ -937,8 +937,9 @@ static inline void transpose16x16(__m512i r[16]) {
  * chunk's groups before their tile ops left both idle in turn (benchmarks/cpu_amx.c, 256 x 2880 in L2, one thread,
  * 8 / 16 / 64 rows: 70.4 / 70.5 / 164.4 us before, 53.8 / 54.0 / 157.5 after; from DRAM 988 -> 873 us at 8 rows).  At
  * 64 rows the parts, each left out in turn: the decode ~48 us, the activation rows' loads, transposes and stores ~50
- * (redone by every output tile of the item's rows), the tile ops ~60.  One row group keeps each output group's C tile in its tile register for the whole
- * item; more load and store theirs per chunk.  The products are exact and TDPBF16PS sums them in f32, as vdpbf16ps
+ * (redone by every output tile of the item's rows), the tile ops ~60.  One row group keeps each output group's C tile
+ * in its tile register for the whole item (zeroed in the first chunk, stored after the last); more load and store
+ * theirs per chunk.  The products are exact and TDPBF16PS sums them in f32, as vdpbf16ps
  * does (its order of additions differs).  Returns 0 when the kernel refuses the tiles (nothing written). */
 static int item_amx(const item_t *it, const uint16_t *x0) {
   if (amx_permission() != 0) return 0;
@@ -957,7 +958,7 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
   _tile_loadconfig(&cfg);
   /* C tiles: output group og in tile og (the intrinsics take constant tile numbers); AMX_C_OP(OP, og, ptr) is OP(og,
-   * ptr, 64) on C tile og, e.g. AMX_DP46: its TDPBF16PS with A tile 4 and B tile 6 */
+   * ptr, 64) on C tile og, e.g. AMX_DP46: its TDPBF16PS with A tile 4 and B tile 6, AMX_ZERO: zeroing it */
 #define AMX_C_OP(OP, og, ptr)                \
   switch (og) {                              \
     case 0: OP(0, ptr, 64); break;           \
@@ -967,15 +968,7 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
   }
 #define AMX_DP46(c, unused, stride) _tile_dpbf16ps(c, 4, 6)
 #define AMX_DP57(c, unused, stride) _tile_dpbf16ps(c, 5, 7)
-#define AMX_C_ZERO(og)                       \
-  switch (og) {                              \
-    case 0: _tile_zero(0); break;            \
-    case 1: _tile_zero(1); break;            \
-    case 2: _tile_zero(2); break;            \
-    default: _tile_zero(3); break;           \
-  }
-  if (ntg == 1)
-    for (size_t og = 0; og < nog; ++og) AMX_C_ZERO(og)
+#define AMX_ZERO(c, unused, stride) _tile_zero(c)
   for (size_t p0 = 0; p0 < np; p0 += cp) {
     const size_t npc = np - p0 < cp ? np - p0 : cp;
     const size_t b0 = 2 * p0, nbc = nb - b0 < 2 * npc ? nb - b0 : 2 * npc, slices = 2 * npc;
@@ -999,10 +992,8 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
       const size_t as = slices * 64; /* bytes between decoded rows */
       for (size_t g = 0; g < ntg; ++g) {
         const __m512i *b = xv + g * 32 * npc;
-        if (ntg > 1) {
-          if (p0 == 0) AMX_C_ZERO(og)
-          else AMX_C_OP(_tile_loadd, og, acc[og][g])
-        }
+        if (p0 == 0) AMX_C_OP(AMX_ZERO, og, 0)
+        else if (ntg > 1) AMX_C_OP(_tile_loadd, og, acc[og][g])
         for (size_t sl = 0; sl < slices; ++sl) { /* A and B tiles alternate registers 4 / 5 and 6 / 7 */
           if (sl & 1) {
             _tile_loadd(7, b + 16 * sl, 64);
@@ -1014,16 +1005,14 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
             AMX_C_OP(AMX_DP46, og, 0)
           }
         }
-        if (ntg > 1) AMX_C_OP(_tile_stored, og, acc[og][g])
+        if (ntg > 1 || p0 + cp >= np) AMX_C_OP(_tile_stored, og, acc[og][g])
       }
     }
   }
-  if (ntg == 1)
-    for (size_t og = 0; og < nog; ++og) AMX_C_OP(_tile_stored, og, acc[og][0])
 #undef AMX_C_OP
 #undef AMX_DP46
 #undef AMX_DP57
-#undef AMX_C_ZERO
+#undef AMX_ZERO
   _tile_release();
   for (size_t o = it->n0; o < it->n1; ++o) {
     const size_t j = o - it->n0, pos = tile_pos(it, o);
