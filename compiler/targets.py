@@ -139,8 +139,9 @@ CPU_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all
 class CpuTarget(IreeTarget):
     """This machine's CPU (llvm-cpu): the blocksplit layout, and the C microkernel linked in when it builds here.
 
-    ``activations``: "bf16" (default: the activations as the layer has them; bf16 exact on AVX512-BF16 hosts, int16
-    per block on AVX2 ones), "mxint16" (opt-in: every expert matmul reads its activations as 15-bit integers per
+    ``activations``: "bf16" (default: the activations as the layer has them; bf16 exact on AVX512-BF16 hosts, on
+    AMX tiles with bf16 layers' weights in ``cpu-mxfp4-rows16`` where the host has them, int16 per block on AVX2
+    ones), "mxint16" (opt-in: every expert matmul reads its activations as 15-bit integers per
     32-value block, below bf16's resolution, split into two int8 planes for ``vpdpbusd``: faster than "bf16" up to
     ~16 rows per expert, slower past ~32) or "mxint8" (opt-in: OCP MXINT8 activations, 1-2% error, the fastest);
     both int8 forms keep the weights in the ``cpu-mxfp4-rows16`` layout and need the C microkernel (docs/cpu.md)."""
@@ -154,6 +155,16 @@ class CpuTarget(IreeTarget):
             raise ValueError(f"target {self.name}: activations must be one of {', '.join(self.ACTIVATIONS)}, "
                              f"got {activations!r}")
         return self.replace(activations=activations, layout=CPU_BLOCKSPLIT if activations == "bf16" else CPU_ROWS16)
+
+    def layout_for(self, dtype: str) -> Layout:
+        """The weight layout of a layer whose activations are ``dtype`` ("bf16", "f16", "f32"): the target's, but for
+        bf16 layers with the default activations on a host whose microkernel runs the AMX form (rows16)."""
+        from mxmoe.kernels.cpu import bf16_layout, matvec_object
+
+        uk = matvec_object()
+        if dtype == "bf16" and self.activations == "bf16" and uk.path and bf16_layout(uk.flavor) == "rows16":
+            return CPU_ROWS16
+        return self.layout
 
     @property
     def iree_flags(self) -> list[str]:
@@ -170,15 +181,20 @@ class CpuTarget(IreeTarget):
         if uk.path and "," in str(uk.path):
             raise ValueError(f"target {self.name}: the cpu microkernel's path may not contain a comma (the pass "
                              f"options' separator): {uk.path}; set MXMOE_CACHE_DIR elsewhere")
+        passes = Target.passes(self)
         if uk.path:
-            option = f"ukernel={uk.path}" + ("" if self.activations == "bf16" else f",activations={self.activations}")
+            option = f"ukernel={uk.path},activations={self.activations}"
+            if self.layout_for("bf16") != self.layout:
+                # bf16 layers' weights in rows16 for the AMX form (kernels/cpu/bf16_rows16.c), the others blocksplit
+                passes = [(name, f"{opt},bf16={CPU_ROWS16.name}" if name == "mxmoe-assign-layout" else opt)
+                          for name, opt in passes]
         elif self.activations != "bf16":
             raise ValueError(f"target {self.name}: activations='{self.activations}' runs on the C microkernel only, "
                              f"which is not available here ({uk.reason})")
         elif not uk.reason.startswith(ENV_SWITCH):
             _warn_once(f"mxmoe: the cpu microkernel is not available ({uk.reason}); compiling the linalg matvec "
                        "instead, which measured 3-4x slower (docs/cpu.md)")
-        return Target.passes(self) + [("mxmoe-lower-to-linalg", option)]
+        return passes + [("mxmoe-lower-to-linalg", option)]
 
     def compile(self, module, parameters, *, extra_flags=(), **kwargs):
         from mxmoe.compiler import iree_backend

@@ -16,7 +16,9 @@ inlines it. The token count stays dynamic.
     per expert before a contraction (many rows).
   - ``cpu-mxfp4-rows16`` (the cpu target with ``activations="mxint8"`` or ``"mxint16"``): the same dispatches
     of the C microkernel's int8 forms (MXINT8 activations, or 15-bit ones as two int8 planes with the pass option
-    ``activations=mxint16``; 16 output rows per ``vpdpbusd``), every activation type; it needs ``ukernel=PATH``
+    ``activations=mxint16``; 16 output rows per ``vpdpbusd``), every activation type; or, with the pass option
+    ``activations=bf16`` (the cpu target's bf16 layers on AMX hosts), its bf16 form: exact bf16 activations against
+    weights decoded into AMX B tiles (``kernels/cpu/bf16_rows16.c``), bf16 layers only. It needs ``ukernel=PATH``
     (no linalg form reads this layout).
   - ``mxfp4-rowmajor`` (the ROCm targets; also an op without the attribute): the row-block schedule of
     ``lowering/rocm_grouped.py``: slots laid out by expert in blocks of 16 rows on the device, the activation
@@ -356,7 +358,7 @@ def _combine_apply(b: _Body, y: str, ydims: list, yel: str, weights: str, T: str
     return _round(b, red, [None, h], rounded_to or yel, [T])
 
 
-def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations: str = "bf16",
+def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations: str | None = None,
                  decode: str = "scaling_extf") -> list[str]:
     """The private function (and, with a cpu ``ukernel`` object, the microkernel's executable before it)."""
     ts = v.operand_types()
@@ -381,14 +383,19 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
         v.fail(f"activations='{activations}' needs the weight layout '{cpu_grouped.ROWS16_LAYOUT}', got '{_layout(v)}'")
     if _layout(v) in (cpu_grouped.LAYOUT, cpu_grouped.ROWS16_LAYOUT):
         bias = ("%bias", str(ts[4].element_type)) if has_bias else None
-        # the rows16 layout's activation form: mxint8 unless the option asks for mxint16
-        planes = cpu_ukernel.PLANES.get(activations, 1) if _layout(v) == cpu_grouped.ROWS16_LAYOUT else 0
-        if planes and ukernel is None:
-            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' (activations='mxint8' / 'mxint16') is read by the cpu "
-                   f"microkernel only: pass {NAME}{{ukernel=PATH}}")
+        # the rows16 layout's activation form: mxint8 unless the option asks for mxint16, or for bf16 (the AMX form)
+        form = 0
+        if _layout(v) == cpu_grouped.ROWS16_LAYOUT:
+            form = cpu_ukernel.BF16_ROWS16 if activations == "bf16" else cpu_ukernel.PLANES.get(activations, 1)
+        if form and ukernel is None:
+            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' (activations='mxint8' / 'mxint16' / 'bf16') is read by "
+                   f"the cpu microkernel only: pass {NAME}{{ukernel=PATH}}")
+        if form == cpu_ukernel.BF16_ROWS16 and xel != "bf16":
+            v.fail(f"weight layout '{cpu_grouped.ROWS16_LAYOUT}' with activations='bf16' reads bf16 activations, got "
+                   f"{xel} (the cpu target keeps other layers' weights blocksplit)")
         # int16 activations are below bf16/f16 resolution, not f32's: f32 layers keep the exact linalg matvec
         # (the int8 forms quantize every activation type: that is what they are asked for)
-        if ukernel is not None and (planes or xel in cpu_ukernel.ACTIVATION_TYPES):
+        if ukernel is not None and (form or xel in cpu_ukernel.ACTIVATION_TYPES):
             # the kernel stores interleaved gate/up outputs as halves: the GLU then reads unit-stride rows; or it
             # applies the GLU itself (its epilogue has the activation), rounding where the reference rounds
             deinterleave = bool(interleaved)
@@ -396,9 +403,9 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
             if v.name == "mxmoe.grouped_matmul_glu" and cpu_ukernel.applies_glu(v.attr("activation"), n):
                 glu = (v.attr("activation"), v.attr("alpha"), v.attr("limit"))
             exes, texts = cpu_ukernel.executables(fname, ukernel, e, n, kk, xel, k if x.rank == 2 else 1,
-                                                  bias[1] if bias else None, deinterleave, planes, glu)
+                                                  bias[1] if bias else None, deinterleave, form, glu)
             extra += texts
-            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, planes, glu)
+            ys = cpu_grouped.grouped_matmul_ukernel(b, "%x", x, k, e, n, kk, bias, T, exes, form, glu)
             # f32 [T, k, n] by slot; the epilogue rounds each value to xel as it reads it (no pass of its own).
             # With the kernel's GLU: [T, k, n / 2] of xel, the op's result
             ny, yel = (n // 2, xel) if glu else (n, "f32")
@@ -410,7 +417,8 @@ def _matmul_func(fname: str, v: OpView, ukernel: str | None = None, activations:
             y = cpu_grouped.unsort_rounded(b, ys, pos, k, n, xel, T)
     else:
         # rounded to xel by slot inside each block-size branch (where it fuses into the read back)
-        y = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations, decode, round_to=xel)
+        y = rocm_grouped.grouped_matmul(b, "%x", x, k, e, n, kk, bias_t, T, activations or rocm_grouped.ACTIVATIONS[0],
+                                        decode, round_to=xel)
     if v.name == "mxmoe.grouped_matmul":
         result, rt = _round(b, y, [None, k, n], xel, [T]) if rounded_to else y, _tt([None, k, n], xel)
     elif v.name == "mxmoe.grouped_matmul_glu" and glu:
@@ -511,7 +519,7 @@ _EMITTERS = {
 }
 
 
-def _emit(fname: str, v: OpView, ukernel: str | None, activations: str, decode: str) -> list[str]:
+def _emit(fname: str, v: OpView, ukernel: str | None, activations: str | None, decode: str) -> list[str]:
     """Texts of the module-level ops that lower ``v`` (a function, after the executable it dispatches)."""
     if v.name.startswith("mxmoe.grouped_matmul"):
         return _matmul_func(fname, v, ukernel, activations, decode)
@@ -546,8 +554,9 @@ def make(option: str | None):
     use it for the blocksplit layout's grouped matmuls with bf16/f16 activations and for the rows16 layout's (which
     reads it only); without it the pass emits linalg only. ``activations=bf16|mxfp8`` and ``decode=scaling_extf|int``:
     the row-major layout's contraction form and weight decode (``lowering/rocm_grouped.py``);
-    ``activations=mxint8|mxint16``: the rows16 layout's activation form (mxint8 when not given)."""
-    ukernel, forms = None, {"activations": rocm_grouped.ACTIVATIONS[0], "decode": rocm_grouped.DECODES[0]}
+    ``activations=mxint8|mxint16|bf16``: the rows16 layout's activation form (mxint8 when not given; bf16: the AMX
+    form of bf16 layers, ``kernels/cpu/bf16_rows16.c``)."""
+    ukernel, forms = None, {"activations": None, "decode": rocm_grouped.DECODES[0]}
     choices = {"activations": (*rocm_grouped.ACTIVATIONS, *cpu_ukernel.PLANES), "decode": rocm_grouped.DECODES}
     expected = "'ukernel=PATH' or " + ",".join(f"'{key}={'|'.join(vals)}'" for key, vals in choices.items())
     for item in option.split(",") if option else ():
@@ -567,7 +576,7 @@ def make(option: str | None):
     return lambda module_op: run(module_op, ukernel, **forms)
 
 
-def run(module_op: ir.Operation, ukernel: str | None = None, activations: str = "bf16",
+def run(module_op: ir.Operation, ukernel: str | None = None, activations: str | None = None,
         decode: str = "scaling_extf") -> None:
     module_body = module_op.regions[0].blocks[0]
     emitted: set[str] = set()

@@ -8,7 +8,8 @@ expert, decodes with table lookups and multiplies with the host's dot-product in
 it and the deploy machine needs no compiler.
 
 Flavors (:data:`FLAVORS`), the best the host runs picked at compile time: ``avx512amx`` (``avx512bf16`` with
-AMX tiles for the bf16 GEMM of 5 or more rows per work item: ``tdpbf16ps``), ``avx512bf16`` (AVX-512 with
+AMX tiles, ``tdpbf16ps``: bf16 layers then keep their weights in the ``cpu-mxfp4-rows16`` layout and every expert
+matmul runs on the tiles, ``bf16_rows16.c``; :func:`bf16_layout`), ``avx512bf16`` (AVX-512 with
 AVX512-BF16 and AVX512-VNNI: exact bf16 dot products, ``vdpbf16ps``; the int8 form's ``vpdpbusd``) and ``avx2``
 (AVX2/FMA/F16C: int16 activations, ``vpmaddwd``). ``MXMOE_CPU_UKERNEL=avx2`` forces the AVX2 one (the tests use it to keep it tested on an
 AVX-512 host). Both also hold the int8 form of the cpu target's ``activations="mxint8"`` (``mxint8_rows16.c``,
@@ -35,7 +36,8 @@ from mxmoe.core.host import cache_root, has_cpu_features
 
 SOURCE = Path(__file__).with_name("mxfp4_matvec.c")
 #: every file the object is built from (SOURCE includes the others): the cache key hashes them all
-SOURCES = (SOURCE, Path(__file__).with_name("mxint8_rows16.c"), Path(__file__).with_name("glu_epilogue.c"))
+SOURCES = (SOURCE, Path(__file__).with_name("mxint8_rows16.c"), Path(__file__).with_name("bf16_rows16.c"),
+           Path(__file__).with_name("glu_epilogue.c"))
 #: the C entry point (see the source for its arguments)
 MATVEC_SYMBOL = "mxmoe_mxfp4_grouped_matvec"
 #: the C entry point that quantizes its activation rows
@@ -49,8 +51,12 @@ ROWS16_SYMBOL = "mxmoe_rows16_grouped_matvec"
 #: the two-plane form's (activations="mxint16"): each activation row as two int8 planes, the same rows16 matmul
 MXINT16_QUANTIZE_SYMBOL = "mxmoe_mxint16_quantize_rows"
 ROWS16X2_SYMBOL = "mxmoe_rows16x2_grouped_matvec"
+#: the bf16 form on rows16 weights (``bf16_rows16.c``: AMX tiles, or vdpbf16ps where the kernel refuses them): its
+#: activation packer and its matmul; built in the BF16 flavors only
+BF16_ROWS16_PACK_SYMBOL = "mxmoe_bf16_rows16_pack_rows"
+BF16_ROWS16_SYMBOL = "mxmoe_bf16_rows16_grouped_matmul"
 #: the symbols whose presence in a module's MLIR says the C microkernel is linked into it
-MATMUL_SYMBOLS = (MATVEC_SYMBOL, ROWS16_SYMBOL, ROWS16X2_SYMBOL)
+MATMUL_SYMBOLS = (MATVEC_SYMBOL, ROWS16_SYMBOL, ROWS16X2_SYMBOL, BF16_ROWS16_SYMBOL)
 #: freestanding, position independent, nothing from libc: what IREE's embedded ELF linking requires. Functions on
 #: 64-byte lines: without it, where the passes land moved the 2-row passes of unchanged code by 15-20% between
 #: builds (single-thread harness, 2026-11-28: bf16 / int8 2 rows 10.3-11.1 / 26.5-28.9 GB/s against 13.0 / 33.6)
@@ -74,6 +80,12 @@ REQUIRED_FEATURES = FLAVORS["avx2"][0]
 #: the flags of the AVX2 flavor (the one every x86-64 host with the microkernel can run)
 CFLAGS = BASE_CFLAGS + FLAVORS["avx2"][1]
 ENV_SWITCH = "MXMOE_CPU_UKERNEL"
+#: the weight layout of bf16 layers (activations="bf16"): "rows16" (the AMX form, bf16_rows16.c) or "blocksplit"
+BF16_LAYOUT_SWITCH = "MXMOE_CPU_BF16_LAYOUT"
+#: flavor -> its default layout for bf16 layers: rows16 where the AMX form runs (benchmarks/cpu_amx.c, one thread:
+#: 1.5-2.3x the blocksplit GEMM at 3-64 rows per item, level at 1), blocksplit elsewhere (on vdpbf16ps alone the
+#: rows16 form measured 2.1x slower than the blocksplit matvec at 1 row and further behind with more)
+BF16_LAYOUTS = {"avx512amx": "rows16", "avx512bf16": "blocksplit", "avx2": "blocksplit"}
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,38 @@ def matvec_object() -> Ukernel:
             return built
         failure = failure or built
     return failure
+
+
+def bf16_layout(flavor: str) -> str:
+    """The weight layout the cpu target gives bf16 layers with the microkernel of ``flavor``: "rows16" or
+    "blocksplit" (:data:`BF16_LAYOUTS`; ``MXMOE_CPU_BF16_LAYOUT`` asks for one, rows16 on a BF16 flavor only)."""
+    asked = os.environ.get(BF16_LAYOUT_SWITCH, "").strip().lower()
+    if not asked:
+        return BF16_LAYOUTS.get(flavor, "blocksplit")
+    if asked not in ("rows16", "blocksplit"):
+        raise ValueError(f"{BF16_LAYOUT_SWITCH}={os.environ[BF16_LAYOUT_SWITCH]!r}: expected rows16 or blocksplit")
+    if asked == "rows16" and flavor not in BF16_FLAVORS:
+        raise ValueError(f"{BF16_LAYOUT_SWITCH}=rows16 needs an AVX512-BF16 microkernel flavor "
+                         f"({', '.join(BF16_FLAVORS)}), this one is {flavor or 'not built'}")
+    return asked
+
+
+def shared_library(flavor: str, path: str | Path, defines: tuple[str, ...] = ()):
+    """The microkernels of ``flavor`` built as a shared library at ``path`` and loaded (``ctypes.CDLL``), to call the
+    entry points from Python (the tests, benchmarks): each memref argument as :func:`memref_args`, then the sizes."""
+    import ctypes
+
+    flags = [f for f in BASE_CFLAGS + FLAVORS[flavor][1] if f != "-fvisibility=hidden"]
+    subprocess.run([_compiler(), *flags, *defines, "-shared", str(SOURCE), "-o", str(path)], check=True)
+    return ctypes.CDLL(str(path))
+
+
+def memref_args(a) -> list:
+    """A contiguous numpy array as the five arguments of an MLIR ``memref<?xT>`` (the entry points' convention)."""
+    import ctypes
+
+    p = ctypes.c_void_p(a.ctypes.data)
+    return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
 
 
 def _build(cc: str, version: str, flavor: str) -> Ukernel:

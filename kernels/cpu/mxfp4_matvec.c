@@ -1063,3 +1063,5 @@ void mxmoe_mxfp4_grouped_matvec(MEMREF(const int16_t, xq), MEMREF(const float, x
 
 /* the int8-activation form (activations="mxint8", weights in the cpu-mxfp4-rows16 layout) */
 #include "mxint8_rows16.c"
+/* the bf16 form on rows16 weights (AMX hosts' bf16 layers) */
+#include "bf16_rows16.c"

@@ -35,9 +35,7 @@ FORMS = {"mxint8": (1, ukernels.MXINT8_QUANTIZE_SYMBOL, ukernels.ROWS16_SYMBOL, 
          "mxint16": (2, ukernels.MXINT16_QUANTIZE_SYMBOL, ukernels.ROWS16X2_SYMBOL, mxfp4.mxint16_round_trip)}
 
 
-def memref(a: np.ndarray) -> list:
-    p = ctypes.c_void_p(a.ctypes.data)
-    return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
+memref = ukernels.memref_args
 
 
 def glu_args(glu: tuple | None, out_dt=np.float32) -> list:
@@ -49,11 +47,8 @@ def glu_args(glu: tuple | None, out_dt=np.float32) -> list:
 def _build(flavor: str, tmp_path_factory, *defines: str):
     if ukernels.matvec_object().path is None or flavor == "none":
         pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
-    so = tmp_path_factory.mktemp("uk8") / f"mxint8-{flavor}{''.join(defines)}.so"
-    flags = [f for f in ukernels.BASE_CFLAGS + ukernels.FLAVORS[flavor][1] if f != "-fvisibility=hidden"]
-    subprocess.run([ukernels._compiler(), *flags, *defines, "-shared", str(ukernels.SOURCE), "-o", str(so)],
-                   check=True)
-    return ctypes.CDLL(str(so))
+    return ukernels.shared_library(flavor, tmp_path_factory.mktemp("uk8") / f"mxint8-{flavor}{''.join(defines)}.so",
+                                   defines)
 
 
 @pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])

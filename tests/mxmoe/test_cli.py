@@ -95,7 +95,7 @@ def test_compile_summary_and_inspect(capsys, tiny_art):
     assert rc == 0
     for s in ("target      cpu (backend iree, arch host)", "MoE: 8 experts, top-2, hidden 64, intermediate 96",
               "layer(x: bfloat16[?, 64]) -> out0: bfloat16[?, 64]", "weights/default.irpa", "module.vmfb",
-              f"layout {mxmoe.compiler.targets.get_target('cpu').layout.name}", "verified"):
+              f"layout {mxmoe.compiler.targets.get_target('cpu').layout_for('bf16').name}", "verified"):
         assert s in out, s
     rc, out, _ = cli(capsys, "inspect", tiny_art, "--json")
     assert rc == 0 and json.loads(out)["target"]["name"] == "cpu"

@@ -403,7 +403,7 @@ def _slots_sorted(b: Body, k: int, e: int, T: str) -> tuple[str, dict[str, str]]
 
 
 def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                           T: str, exes: tuple[str, str], planes: int = 0,
+                           T: str, exes: tuple[str, str], form: int = 0,
                            glu: tuple[str, float, float] | None = None) -> str:
     """Result ``ys`` [T*k, n] f32 by slot (bias added) from two dispatches of the C microkernels; with ``glu``
     (the matvec executable's GLU epilogue: :func:`cpu_ukernel.executable_text`) the GLU of it, [T*k, n / 2] of
@@ -412,8 +412,8 @@ def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int,
     ``exes``: the quantizer's and the matvec's ``stream.executable`` (:func:`cpu_ukernel.quantize_executable_text`
     with div = k for a rank-2 ``x``, 1 for a rank-3 one; :func:`cpu_ukernel.executable_text`). Every used
     expert runs in one dispatch at any token count (3-4x faster than the expert loop, 1 to 2048 tokens;
-    docs/cpu.md). Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``planes``: a
-    rows16 form, activation rows as that many int8 planes (:data:`cpu_ukernel.PLANES`).
+    docs/cpu.md). Expects ``%ids``, ``%w``, ``%s`` (and the bias value named in ``bias``) in scope. ``form``: the
+    activation form (:data:`cpu_ukernel.PLANES`, :data:`cpu_ukernel.BF16_ROWS16`; 0: the blocksplit layout's).
     """
     S, ids_flat = _slots(b, k, e, T)
     order, info, counts, ni = cpu_ukernel.group_dispatch(b, exes[0], ids_flat, e, S)
@@ -422,8 +422,8 @@ def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int,
         rows, R = x, T
     else:
         rows, R = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xf"), S
-    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, planes)
-    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, planes, glu,
+    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, form)
+    return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, form, glu,
                                        xel)
 
 

@@ -20,10 +20,13 @@ Used by :mod:`cpu_grouped` at every token count when the microkernel object was 
   file attached (``hal.executable.objects``) so ``iree-compile`` links it into the module.
 
 The int8 forms (weights in the ``cpu-mxfp4-rows16`` layout, the cpu target's ``activations="mxint8"`` or
-``"mxint16"``) have the same three dispatches with other symbols and activation buffers (``planes=1`` or ``2``):
-the quantizer writes each row as ``planes`` int8 rows (``[S, planes K]`` int8 and ``[S, planes 2 K/32]`` f32
-words: per plane the block scales, then the int32 offset corrections), and the matmul reads them with the rows16
-weights, adding a row's planes (``kernels/cpu/mxint8_rows16.c``).
+``"mxint16"``) have the same three dispatches with other symbols and activation buffers (``form=1`` or ``2``, the
+int8 planes per row): the quantizer writes each row as ``form`` int8 rows (``[S, form K]`` int8 and
+``[S, form 2 K/32]`` f32 words: per plane the block scales, then the int32 offset corrections), and the matmul reads
+them with the rows16 weights, adding a row's planes (``kernels/cpu/mxint8_rows16.c``). The bf16 form of the rows16
+layout (``form=BF16_ROWS16``: bf16 layers on AMX hosts) packs the bf16 rows themselves, permuted per block and stored
+block-major (``[S, K]`` i16; the xs buffer is one unused word a row), for a matmul on AMX tiles
+(``kernels/cpu/bf16_rows16.c``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import re
 import struct
 
 from mxmoe.compiler.passes.lowering.text import Body, tt
-from mxmoe.kernels.cpu import (GROUP_SYMBOL, MATVEC_SYMBOL, MXINT8_QUANTIZE_SYMBOL, MXINT16_QUANTIZE_SYMBOL,
-                               QUANTIZE_SYMBOL, ROWS16_SYMBOL, ROWS16X2_SYMBOL)
+from mxmoe.kernels.cpu import (BF16_ROWS16_PACK_SYMBOL, BF16_ROWS16_SYMBOL, GROUP_SYMBOL, MATVEC_SYMBOL,
+                               MXINT8_QUANTIZE_SYMBOL, MXINT16_QUANTIZE_SYMBOL, QUANTIZE_SYMBOL, ROWS16_SYMBOL,
+                               ROWS16X2_SYMBOL)
 
 #: outputs per matvec workgroup (a multiple of 32, like the padded N)
 TILE_N = 64
@@ -49,12 +53,14 @@ QUANTIZE_GROUPS = 256
 #: of equal size): many tokens on one expert spread over the workers, and an item's rows stay in cache
 #: while each output reads them (the kernel holds up to 64: MAX_ITEM_ROWS)
 ROW_CHUNK = 64
-#: the rows16 layout's activation forms -> int8 planes per activation row (``planes`` below; 0: the blocksplit
-#: layout's int16 form)
+#: the rows16 layout's int8 activation forms -> their ``form`` (below): int8 planes per activation row (0: the
+#: blocksplit layout's form)
 PLANES = {"mxint8": 1, "mxint16": 2}
-#: per planes: the quantizer's and the matmul's symbols
+#: the ``form`` of the rows16 layout's bf16 activations (the AMX form of bf16 layers)
+BF16_ROWS16 = 3
+#: per form: the quantizer's and the matmul's symbols
 _SYMBOLS = {0: (QUANTIZE_SYMBOL, MATVEC_SYMBOL), 1: (MXINT8_QUANTIZE_SYMBOL, ROWS16_SYMBOL),
-            2: (MXINT16_QUANTIZE_SYMBOL, ROWS16X2_SYMBOL)}
+            2: (MXINT16_QUANTIZE_SYMBOL, ROWS16X2_SYMBOL), BF16_ROWS16: (BF16_ROWS16_PACK_SYMBOL, BF16_ROWS16_SYMBOL)}
 #: activation types the int16 rounding is invisible for (2^-15 of a block's largest, below their resolution)
 ACTIVATION_TYPES = ("bf16", "f16")
 #: the C kernels' element kinds (activations and biases)
@@ -98,17 +104,20 @@ def group_dispatch(b: Body, exe: str, ids: str, e: int, S: str) -> tuple[str, st
     return f"{res}#0", f"{res}#1", f"{res}#2", ni
 
 
-def act_buffers(kk: int, planes: int) -> tuple[tuple[str, int], int]:
+def act_buffers(kk: int, form: int) -> tuple[tuple[str, int], int]:
     """((element type, width) of the quantized activation rows, width of their f32 scale rows)."""
-    return (("i8", planes * kk), planes * 2 * (kk // 32)) if planes else (("i16", xq_width(kk)), xs_width(kk))
+    if form == BF16_ROWS16:
+        return ("i16", kk), 1
+    return (("i8", form * kk), form * 2 * (kk // 32)) if form else (("i16", xq_width(kk)), xs_width(kk))
 
 
 def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, counts: str, S: str,
-                      kk: int, planes: int = 0) -> tuple[str, str]:
-    """(xq [S, xq_width] i16, xs [S, xs_width] f32) (planes: [S, planes kk] i8, [S, planes 2 kk / 32] f32): sorted
+                      kk: int, form: int = 0) -> tuple[str, str]:
+    """(xq [S, xq_width] i16, xs [S, xs_width] f32) (int8 forms: [S, form kk] i8, [S, form 2 kk / 32] f32;
+    BF16_ROWS16: [S, kk] i16, [S, 1] f32): sorted
     row p < nvalid quantized from ``x`` [R, kk] (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``,
     see :func:`quantize_executable_text`)."""
-    (q_el, q_w), s_w = act_buffers(kk, planes)
+    (q_el, q_w), s_w = act_buffers(kk, form)
     res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
               f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, q_w], q_el)}{{{S}}}, "
               f"{tt([None, s_w], 'f32')}{{{S}}})", "xq", nres=2)
@@ -150,7 +159,7 @@ def out_type(n: int, glu: tuple | None, out_el: str, S: str) -> str:
 
 
 def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int, bias: tuple[str, str] | None,
-                    info: str, ni: str, counts: str, order: str, S: str, planes: int = 0,
+                    info: str, ni: str, counts: str, order: str, S: str, form: int = 0,
                     glu: tuple[str, float, float] | None = None, out_el: str = "f32") -> str:
     """[S, n] f32 by slot (bias added; zero rows for the slots with no expert) from one dispatch of
     ``@exe::@exe``; with ``glu`` (activation, alpha, limit: the executable's epilogue) the GLU of it,
@@ -164,7 +173,7 @@ def matvec_dispatch(b: Body, exe: str, xq: str, xs: str, e: int, n: int, kk: int
         bias_t = tt([1], "f32")
     else:
         bias_v, bias_t = bias[0], tt([e, n], bias[1])
-    (q_el, q_w), s_w = act_buffers(kk, planes)
+    (q_el, q_w), s_w = act_buffers(kk, form)
     types = [f"{tt([None, q_w], q_el)}{{{S}}}", f"{tt([None, s_w], 'f32')}{{{S}}}",
              tt([e, n, kk // 2], "i8"), tt([e, n, kk // 32], "i8"), bias_t, f"{tt([None], 'i64')}{{{ni}}}", tt([2], "i32"),
              f"{tt([None], 'i32')}{{{S}}}", "index"]
@@ -229,10 +238,10 @@ def _quantize_rows_lines(out: str, pre: str = "") -> list[str]:
             f"%{pre}per = arith.divui %{pre}su, %{pre}g : index", f"{out} = arith.maxui %{pre}per, %{pre}r : index"]
 
 
-def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, planes: int = 0) -> str:
+def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, form: int = 0) -> str:
     """The executable :func:`quantize_dispatch` calls: row ``order[p] / div`` of x, QUANTIZE_ROWS per workgroup."""
     kind = _kind(x_el, "activation")
-    (q_el, q_w), s_w = act_buffers(kk, planes)
+    (q_el, q_w), s_w = act_buffers(kk, form)
     memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), ("xq", q_el, "%nxq"),
                ("xs", "f32", "%nxs")]
     prelude = ["%wg = hal.interface.workgroup.id[0] : index", f"%nx = arith.muli %R, %c{kk} : index",
@@ -241,15 +250,16 @@ def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, p
     grid = _quantize_rows_lines("%rows") + [
         "%one = arith.constant 1 : index", "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
         "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
-    return _executable(exe, obj, _SYMBOLS[planes][0], "%R: index, %S: index", memrefs,
-                       [f"%c{kk}", f"%c{div}", f"%c{kind}", "%rpw", "%wg"], prelude, grid)
+    scalars = [f"%c{kk}", f"%c{div}", f"%c{kind}", "%rpw", "%wg"] + (["%S"] if form == BF16_ROWS16 else [])
+    return _executable(exe, obj, _SYMBOLS[form][0], "%R: index, %S: index", memrefs, scalars, prelude, grid)
 
 
 def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias_el: str | None,
-                    deinterleave: bool = False, planes: int = 0, glu: tuple[str, float, float] | None = None) -> str:
+                    deinterleave: bool = False, form: int = 0, glu: tuple[str, float, float] | None = None) -> str:
     """The executable :func:`matvec_dispatch` calls, linking ``obj`` (the built C kernels). ``deinterleave``:
     output column o goes to o / 2 (even o) or n / 2 + o / 2 (odd o), interleaved gate/up rows to halves.
-    ``planes``: the rows16 matmul of rows of that many int8 planes (n a multiple of 16, the layout's row groups).
+    ``form``: 0 the blocksplit matmul; the rows16 matmul of rows of that many int8 planes, or of bf16 rows
+    (BF16_ROWS16); n a multiple of 16 for rows16 (the layout's row groups).
     ``glu``: (activation, alpha, limit) of the GLU the kernel applies to gate/up rows, interleaved (with
     ``deinterleave``) or in halves (without), writing [S, n / 2] of ``x_el`` (the layer's activation type) instead
     of [S, n] f32."""
@@ -257,12 +267,12 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
         raise ValueError(f"cpu microkernel: cannot deinterleave an odd number of outputs ({n})")
     if glu and n % GLU_MULTIPLE:
         raise ValueError(f"cpu microkernel: the GLU epilogue needs outputs in multiples of {GLU_MULTIPLE}, got {n}")
-    if planes and n % 16:
+    if form and n % 16:
         raise ValueError(f"cpu microkernel: the rows16 layout needs outputs in groups of 16, got {n}")
     nb = kk // 32
     kind = _kind(bias_el, "bias")
     bias_len = e * n if kind else 1
-    (q_el, q_w), s_w = act_buffers(kk, planes)
+    (q_el, q_w), s_w = act_buffers(kk, form)
     memrefs = [("xq", q_el, "%nxq"), ("xs", "f32", "%nxs"), ("w", "i8", f"%c{e * n * kk // 2}"),
                ("s", "i8", f"%c{e * n * nb}"), ("bias", bias_el or "f32", f"%c{bias_len}"),
                ("info", "i64", "%ni"), ("counts", "i32", "%c2"), ("order", "i32", "%S"),
@@ -272,25 +282,25 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
                f"%nout = arith.muli %S, %c{n // 2 if glu else n} : index"] + _info_lines(e)
     # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
     # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
-    tile_n = TILE_N_INT8 if planes else TILE_N
+    tile_n = TILE_N_INT8 if form in PLANES.values() else TILE_N
     grid = [f"%tiles = arith.constant {-(-n // tile_n)} : index", f"%e = arith.constant {e} : index",
             f"%chunk = arith.constant {ROW_CHUNK} : index", "%one = arith.constant 1 : index",
             "%used = arith.minui %S, %e : index", "%whole = arith.divui %S, %chunk : index",
             "%items = arith.addi %used, %whole : index", "%slots = arith.addi %items, %one : index",
             "stream.return %tiles, %slots, %one : index, index, index"]
-    act = [] if planes else [f"%c{_kind(x_el, 'activation')}"]  # the int8 matmuls read one activation form
-    return _executable(exe, obj, _SYMBOLS[planes][1], "%S: index", memrefs,
+    act = [] if form else [f"%c{_kind(x_el, 'activation')}"]  # the rows16 matmuls read one activation form
+    return _executable(exe, obj, _SYMBOLS[form][1], "%S: index", memrefs,
                        ["%S", f"%c{n}", f"%c{kk}", *act, f"%c{kind}", f"%c{gate_up_order(deinterleave, glu)}",
                         f"%c{tile_n}", "%tile", "%u", *(f"%c{v}" for v in glu_scalars(glu, x_el))], prelude, grid)
 
 
 def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: int, bias_el: str | None,
-                deinterleave: bool, planes: int = 0, glu: tuple[str, float, float] | None = None
+                deinterleave: bool, form: int = 0, glu: tuple[str, float, float] | None = None
                 ) -> tuple[tuple[str, str, str], list[str]]:
     """The names (group, quantize, matvec) and texts of the three executables one grouped matmul
-    (function ``fname``) dispatches; ``planes``: a rows16 form (:data:`PLANES`); ``glu``: the matvec's GLU
+    (function ``fname``) dispatches; ``form``: the activation form (:data:`PLANES`, :data:`BF16_ROWS16`); ``glu``: the matvec's GLU
     epilogue (:func:`executable_text`)."""
     names = (f"{fname}_group", f"{fname}_quantize", f"{fname}_ukernel")
     return names, [group_executable_text(names[0], obj, e),
-                   quantize_executable_text(names[1], obj, kk, x_el, div, planes),
-                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, planes, glu)]
+                   quantize_executable_text(names[1], obj, kk, x_el, div, form),
+                   executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, form, glu)]

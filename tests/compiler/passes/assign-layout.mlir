@@ -6,6 +6,18 @@
 // RUN: mxmoe-opt %s --passes=mxmoe-assign-layout > %t.once.mlir
 // RUN: mxmoe-opt %t.once.mlir --passes=mxmoe-assign-layout > %t.twice.mlir
 // RUN: diff %t.once.mlir %t.twice.mlir
+// A layout per activation element type (the cpu target on AMX hosts: bf16 layers rows16, the others blocksplit);
+// these ops read bf16 activations:
+// RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{cpu-mxfp4-blocksplit,bf16=cpu-mxfp4-rows16}' | filecheck %s --check-prefix=BYTYPE
+// RUN: mxmoe-opt %s --passes='mxmoe-assign-layout{cpu-mxfp4-blocksplit,f16=cpu-mxfp4-rows16}' | filecheck %s --check-prefix=OTHERTYPE
+// BYTYPE: util.global private @w13 {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_role = "values"}
+// BYTYPE: "mxmoe.grouped_matmul_glu"({{.*}}mxmoe.layout = "cpu-mxfp4-rows16"}
+// OTHERTYPE: util.global private @w13 {mxmoe.layout = "cpu-mxfp4-blocksplit", mxmoe.weight_role = "values"}
+// A malformed or unknown option item is refused, by name:
+// RUN: not mxmoe-opt %s --passes='mxmoe-assign-layout{cpu-mxfp4-blocksplit,bf16}' 2>&1 | filecheck %s --check-prefix=BADITEM
+// BADITEM: mxmoe-assign-layout: bad option item 'bf16' (expected ELEM=LAYOUT)
+// RUN: not mxmoe-opt %s --passes='mxmoe-assign-layout{cpu-mxfp4-blocksplit,bf16=rows16}' 2>&1 | filecheck %s --check-prefix=BADLAYOUT
+// BADLAYOUT: mxmoe-assign-layout: unknown layout 'rows16'
 // NEGATIVE (more in assign-layout-invalid.mlir): IR laid out for one target is rejected by another target's layout, with a diagnostic:
 // RUN: not mxmoe-opt %t.once.mlir --passes='mxmoe-assign-layout{triton-mxfp4-hopper}' 2>&1 | filecheck %s --check-prefix=RELAYOUT
 

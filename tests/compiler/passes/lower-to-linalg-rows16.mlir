@@ -12,7 +12,7 @@
 // X2: flow.dispatch @{{.+}}(%{{.+}}#0, %{{.+}}#1, %{{.+}}) : (tensor<?x128xi8>{%{{.+}}}, tensor<?x8xf32>{%{{.+}}},
 // No linalg form reads the layout: without the object the pass refuses it, by name.
 // RUN: not mxmoe-opt %s --passes='mxmoe-lower-to-linalg' 2>&1 | filecheck %s --check-prefix=NOUK
-// NOUK: error: 'mxmoe.grouped_matmul_combine' op weight layout 'cpu-mxfp4-rows16' (activations='mxint8' / 'mxint16') is read by the cpu microkernel only: pass mxmoe-lower-to-linalg{ukernel=PATH}
+// NOUK: error: 'mxmoe.grouped_matmul_combine' op weight layout 'cpu-mxfp4-rows16' (activations='mxint8' / 'mxint16' / 'bf16') is read by the cpu microkernel only: pass mxmoe-lower-to-linalg{ukernel=PATH}
 
 util.global private @w2 {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_role = "values"} = #flow.parameter.named<"model"::"w2"> : tensor<4x96x32xi8>
 util.global private @w2_scale {mxmoe.layout = "cpu-mxfp4-rows16", mxmoe.weight_role = "scales"} = #flow.parameter.named<"model"::"w2_scale"> : tensor<4x96x2xi8>
