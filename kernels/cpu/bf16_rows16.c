@@ -5,7 +5,10 @@
  * Why another form: the blocksplit GEMM feeds TDPBF16PS decoded weight rows as A tiles and has to transpose the
  * activation rows into B tiles for every output tile; here the activations are the A tiles as they lie in memory
  * and the weights are decoded straight into B tiles, which the rows16 layout makes one shift, one vpermw and one
- * saturating subtraction per B-tile row (benchmarks/cpu_amx.c: 2-3x the blocksplit AMX GEMM at 2-32 rows).
+ * saturating subtraction per B-tile row (benchmarks/cpu_amx.c, one thread: level with the blocksplit form at 1 row,
+ * 1.1-2.3x at 2-64; the gpt-oss-20b layer, 2 threads: 0.88x at 1 token, 1.1-2.1x at 4-512, docs/cpu.md).  The
+ * decode's bytes-to-words lookup by two vpshufb and a vpermt2b instead of vpermw (fewer port-0 slots, which the
+ * tile unit also takes) measured 15-20% slower at 1-8 rows.
  *
  * Weights: cpu-mxfp4-rows16 (mxint8_rows16.c).  Per group of 16 rows and 32-value block, chunk j's 64 bytes are 16
  * dwords, dword i for row i; its 16-bit halves hold row i's values (4j, 16 + 4j, 4j + 1, 17 + 4j) and those + 2, a
@@ -23,7 +26,8 @@
  * stride 64; the rows past an item's belong to the next item or block and only give output rows nobody reads.
  *
  * Matmul (mxmoe_bf16_rows16_grouped_matmul): per work item, up to 4 C tiles: (groups of 16 weight rows) x (groups
- * of 16 activation rows), 4 / ntg groups at a time for ntg row groups; over the blocks in order each C tile takes
+ * of 16 activation rows), two weight groups at a time with one or two row groups, one with three or four (ntg row
+ * groups; item_bf16_rows16 says why not four with one); over the blocks in order each C tile takes
  * one TDPBF16PS per block, and the core decodes the next block's B tiles while the tile unit multiplies.  Every
  * output is its row's products summed in f32 in block order whatever the item's rows: batch invariant.  A kernel
  * that refuses the tile state gets the same products from vdpbf16ps (bf16r16_groups_avx, also the avx512bf16
