@@ -83,7 +83,7 @@ ENV_SWITCH = "MXMOE_CPU_UKERNEL"
 #: the weight layout of bf16 layers (activations="bf16"): "rows16" (the AMX form, bf16_rows16.c) or "blocksplit"
 BF16_LAYOUT_SWITCH = "MXMOE_CPU_BF16_LAYOUT"
 #: flavor -> its default layout for bf16 layers: rows16 where the AMX form runs (gpt-oss-20b, 2 threads: 1.13 /
-#: 1.26 / 1.98 / 1.65x the blocksplit form at 4 / 8 / 64 / 512 tokens, 0.86-0.99x at 1; docs/cpu.md), blocksplit elsewhere
+#: 1.26 / 1.98 / 1.65x the blocksplit form at 4 / 8 / 64 / 512 tokens, 0.86-1.01x at 1; docs/cpu.md), blocksplit elsewhere
 #: (on vdpbf16ps alone the rows16 form measured 2.1x slower than the blocksplit matvec at 1 row, further behind with more)
 BF16_LAYOUTS = {"avx512amx": "rows16", "avx512bf16": "blocksplit", "avx2": "blocksplit"}
 

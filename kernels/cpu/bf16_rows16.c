@@ -6,7 +6,7 @@
  * activation rows into B tiles for every output tile; here the activations are the A tiles as they lie in memory
  * and the weights are decoded straight into B tiles, which the rows16 layout makes one shift, one vpermw and one
  * saturating subtraction per B-tile row (benchmarks/cpu_amx.c, one thread: level with the blocksplit form at 1 row,
- * 1.1-2.3x at 2-64; the gpt-oss-20b layer, 2 threads: 0.86-0.99x at 1 token, 1.1-2.0x at 4-512, docs/cpu.md).  The
+ * 1.1-2.3x at 2-64; the gpt-oss-20b layer, 2 threads: 0.86-1.01x at 1 token, 1.1-2.0x at 4-512, docs/cpu.md).  The
  * decode's bytes-to-words lookup by two vpshufb and a vpermt2b instead of vpermw (fewer port-0 slots, which the
  * tile unit also takes) measured 15-20% slower at 1-8 rows.
  *
