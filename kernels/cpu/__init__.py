@@ -183,6 +183,23 @@ def memref_args(a) -> list:
     return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
 
 
+def group_slots(fn, ids, num_experts: int, chunk: int = 64):
+    """The C grouping (``fn``: a loaded library's GROUP_SYMBOL) of the slots' expert ids: (order [S] i32, info
+    [2 (E + S / chunk)] i64, counts [work items, valid slots] i32), the buffers a matmul's work items read."""
+    import ctypes
+
+    import numpy as np
+
+    S = len(ids)
+    ids = np.ascontiguousarray(ids, np.int32)
+    order = np.full(max(S, 1), -7, np.int32)  # poison: every entry must be written
+    info = np.full(2 * (num_experts + S // chunk), -7, np.int64)
+    counts = np.full(2, -7, np.int32)
+    fn(*memref_args(ids), *memref_args(order), *memref_args(info), *memref_args(counts), ctypes.c_size_t(S),
+       ctypes.c_size_t(num_experts), ctypes.c_size_t(chunk))
+    return order[:S], info, counts
+
+
 def _build(cc: str, version: str, flavor: str) -> Ukernel:
     flags = BASE_CFLAGS + FLAVORS[flavor][1]
     key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags]).encode()).hexdigest()[:20]

@@ -81,9 +81,7 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.ascontiguousarray(xq), xs, x_hat
 
 
-def memref(a: np.ndarray) -> list:
-    p = ctypes.c_void_p(a.ctypes.data)
-    return [p, p, ctypes.c_size_t(0), ctypes.c_size_t(a.size), ctypes.c_size_t(1)]
+memref = ukernels.memref_args
 
 
 def c_quantize(fn, x: np.ndarray, order: np.ndarray, div: int, kind: int = 2, rows_per_wg: int = 3,
@@ -100,16 +98,7 @@ def c_quantize(fn, x: np.ndarray, order: np.ndarray, div: int, kind: int = 2, ro
     return xq, xs
 
 
-def c_group(fn, ids: np.ndarray, E: int, chunk: int = 64):
-    """The C grouping: (order, info [2 (E + S / chunk)] i64, counts [work items, nvalid])."""
-    S = len(ids)
-    ids = np.ascontiguousarray(ids, np.int32)
-    order = np.full(max(S, 1), -7, np.int32)
-    info = np.full(2 * (E + S // chunk), -7, np.int64)
-    counts = np.full(2, -7, np.int32)
-    fn(*memref(ids), *memref(order), *memref(info), *memref(counts), ctypes.c_size_t(S), ctypes.c_size_t(E),
-       ctypes.c_size_t(chunk))
-    return order[:S], info, counts
+c_group = ukernels.group_slots
 
 
 def run_kernel(fns, x, w, s, bias, bias_kind, rows, tile_n=64, deinterleave=False, idle=0, x_kind=2, chunk=64,

@@ -98,11 +98,7 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, 
     perm = np.random.default_rng(5).permutation(S).astype(np.int32)
     slot_ids = np.empty(S, np.int32)
     slot_ids[perm] = ids
-    order = np.full(S, -7, np.int32)
-    info = np.full(2 * (E + S // 64), -7, np.int64)
-    counts = np.full(2, -7, np.int32)
-    getattr(lib, ukernels.GROUP_SYMBOL)(*memref(slot_ids), *memref(order), *memref(info), *memref(counts),
-                                        ctypes.c_size_t(S), ctypes.c_size_t(E), ctypes.c_size_t(64))
+    order, info, counts = ukernels.group_slots(getattr(lib, ukernels.GROUP_SYMBOL), slot_ids, E)
     sorted_ids = slot_ids[order]
     xq = pack(lib, np.ascontiguousarray(x[order][:sum(rows)]), S)
     wst, sst = swizzle.rows16_swizzle(w), swizzle.rows16_scales(s)
