@@ -62,11 +62,11 @@ void mxmoe_bf16_rows16_pack_rows(MEMREF(const void, x), MEMREF(const int32_t, or
 #define BF16R16_PREFETCH 4096
 #endif
 
-/* the per-dword subtrahends (252 - s) << 7 of a block's 16 scale bytes sv (fast form) */
+/* the blocksplit decode's subtrahends (scale_subtrahends) of a block's 16 scale bytes sv, one per dword (both of its
+ * words: a weight row's pair) */
 static inline __m512i bf16r16_subs(__m128i sv) {
-  __m512i d = _mm512_cvtepu8_epi32(sv);
-  d = _mm512_or_si512(d, _mm512_slli_epi32(d, 16));
-  return _mm512_slli_epi16(_mm512_sub_epi16(_mm512_set1_epi16(252), d), 7);
+  const __m512i d = _mm512_cvtepu8_epi32(sv);
+  return scale_subtrahends(_mm512_or_si512(d, _mm512_slli_epi32(d, 16)));
 }
 
 /* f32 lane l of a 32-word vector's low / high half is word l / 16 + l: dword (l / 2) / (8 + l / 2), i.e. row */
@@ -127,7 +127,7 @@ static inline void bf16r16_decode(const uint8_t *w, const uint8_t *s, size_t b, 
 }
 
 /* The call's groups against the item's rows with vdpbf16ps, 8 rows at a time (each B tile decoded once per 8 rows):
- * res[i][r][o] = sum over the blocks in order of row r's products with weight row g0[i] + o. */
+ * res[i][r][o] = sum over the blocks in order of row r's products with weight row o of group i. */
 static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_ROWS][16]) {
   const size_t nb = c->it->nb, rows = c->it->rows;
   const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
@@ -162,14 +162,14 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
   const uint8_t *w[4], *sc[4];
   for (size_t i = 0; i < ng; ++i) w[i] = c->w[i], sc[i] = c->s[i];
   /* the last block's A tiles: in place, or where rows past S would be read past the buffer's end, the valid rows
-   * copied (the rest zero) */
+   * copied (the rest zero): only with more than one row group, since one row group's tiles have the item's rows */
   uint16_t tail[4][16 * 32];
   const uint16_t *a_last[4];
   for (size_t g = 0; g < ntg; ++g) {
     const uint16_t *a = x + ((nb - 1) * S + 16 * g) * 32;
     const size_t r0 = c->first + 16 * g;
     a_last[g] = a;
-    if (r0 + 16 > S) {
+    if (ntg > 1 && r0 + 16 > S) {
       for (size_t i = 0; i < 16 * 32; ++i) tail[g][i] = i < 32 * (S - r0) ? a[i] : 0;
       a_last[g] = tail[g];
     }
