@@ -6,7 +6,7 @@
  * activation rows into B tiles for every output tile; here the activations are the A tiles as they lie in memory
  * and the weights are decoded straight into B tiles, which the rows16 layout makes one shift, one vpermw and one
  * saturating subtraction per B-tile row (benchmarks/cpu_amx.c, one thread: level with the blocksplit form at 1 row,
- * 1.1-2.3x at 2-64; the gpt-oss-20b layer, 2 threads: 0.86-1.01x at 1 token, 1.1-2.0x at 4-512, docs/cpu.md).  The
+ * 1.1-2.3x at 2-64 before the passes below took items of 33-128 rows; docs/cpu.md has the layer's figures).  The
  * decode's bytes-to-words lookup by two vpshufb and a vpermt2b instead of vpermw (fewer port-0 slots, which the
  * tile unit also takes) measured 15-20% slower at 1-8 rows.
  *
@@ -21,14 +21,19 @@
  * bytes 2..252); a group with another byte takes the f32 decode (exact up to bf16 subnormals, NaN for 255).
  *
  * Activations (mxmoe_bf16_rows16_pack_rows): each sorted row's bf16 values, per block permuted so that columns 2q,
- * 2q + 1 hold V(j, n), V(j, n) + 2 (q = 4j + n: BF16R16_PERM), stored block-major: block b of sorted row p at
- * xq + (b S + p) 32 words.  An A tile (16 rows of one block) is then 1 KB in one piece from any first row, read with
- * stride 64; the rows past an item's belong to the next item or block and only give output rows nobody reads.
+ * 2q + 1 hold V(j, n), V(j, n) + 2 (q = 4j + n: BF16R16_PERM), and each work item's rows packed where its first row's
+ * would be, in bands of 32 rows from its first, each band block-major (r16_at: block b of a band of R rows is R x 64
+ * bytes in one piece).  An A tile (16 rows of one block) is then 1 KB in one piece, read with stride 64, and the
+ * tiles of a band's two row groups walk it in order, block after block.  (Before, the whole buffer was block-major:
+ * consecutive blocks of a row were S x 64 bytes apart, a new 4 KB page for every tile at 512 tokens of gpt-oss-20b,
+ * and that layer's 512 / 2048-token calls were 17-25% slower.)  Rows read past a band's end belong to the next block,
+ * band or item and only give output rows nobody reads.
  *
- * Matmul (mxmoe_bf16_rows16_grouped_matmul): per work item, up to 4 C tiles: (groups of 16 weight rows) x (groups
- * of 16 activation rows), two weight groups at a time with one or two row groups, one with three or four (ntg row
- * groups; item_bf16_rows16 says why not four with one); over the blocks in order each C tile takes
- * one TDPBF16PS per block, and the core decodes the next block's B tiles while the tile unit multiplies.  Every
+ * Matmul (mxmoe_bf16_rows16_grouped_matmul): work items of up to 128 rows (BF16R16_MAX_ROWS), C tiles (groups of 16
+ * weight rows) x (groups of 16 activation rows), over the blocks in order one TDPBF16PS per C tile and block.  With
+ * one or two row groups, two weight groups at a time in one pass, the core decoding the next block's B tiles while
+ * the tile unit multiplies (bf16r16_groups_amx); with more, two weight groups x two row groups per pass, in passes
+ * over chunks of blocks that decode each B tile once for all the item's rows (bf16r16_groups_amx_pairs).  Every
  * output is its row's products summed in f32 in block order whatever the item's rows: batch invariant.  A kernel
  * that refuses the tile state gets the same products from vdpbf16ps (bf16r16_groups_avx, also the avx512bf16
  * flavor's form where it is asked for: MXMOE_CPU_BF16_LAYOUT).
@@ -36,23 +41,47 @@
 
 #if MXMOE_BF16
 
+/* the largest work item of this form (rows: the grouping's chunk for it, cpu_ukernel.row_chunk): larger than the
+ * other forms' MAX_ITEM_ROWS, since each of its work items decodes its weights once whatever its rows */
+#define BF16R16_MAX_ROWS 128
+
 /* the column of a packed block that holds value v: position 2q + e holds value V(j, n) + 2e, q = 4j + n */
 static const uint16_t BF16R16_PERM[32] = {0, 2, 16, 18, 1, 3, 17, 19, 4, 6, 20, 22, 5, 7, 21, 23,
                                           8, 10, 24, 26, 9, 11, 25, 27, 12, 14, 28, 30, 13, 15, 29, 31};
 
-/* x: rows of k bf16 activations; sorted row p (p < counts[1]) comes from row order[p] / div.  xq: [S, k] words,
- * block-major (above).  Workgroup wg packs sorted rows [wg * rows_per_wg, +rows_per_wg).  xs is not written. */
+/* Word offset, within its work item's packed rows, of block b of the item's row r (an item of n rows, nb blocks):
+ * the item's rows in bands of 32 from its first, each band block-major (R = the band's rows: block b's rows of the
+ * band are R x 64 bytes in one piece), so the tiles of one or two row groups walk their band in order. */
+static inline size_t r16_at(size_t n, size_t nb, size_t b, size_t r) {
+  const size_t j = r / 32, R = n - 32 * j < 32 ? n - 32 * j : 32;
+  return (32 * j * nb + b * R + r % 32) * 32;
+}
+
+/* x: rows of k bf16 activations; sorted row p (p < counts[1]) comes from row order[p] / div.  info: the work items
+ * (mxmoe_group_slots: by first row, which partition the valid rows).  xq: [S, k] words, each item's rows at its
+ * first row's, in bands (r16_at).  Workgroup wg packs sorted rows [wg * rows_per_wg, +rows_per_wg).  xs is not
+ * written. */
 void mxmoe_bf16_rows16_pack_rows(MEMREF(const void, x), MEMREF(const int32_t, order), MEMREF(const int32_t, counts),
-                                 MEMREF(uint16_t, xq), MEMREF(float, xs), size_t k, size_t div, size_t x_kind,
-                                 size_t rows_per_wg, size_t wg, size_t S) {
-  (void)x_kind; /* bf16 only: the lowering gives this form bf16 layers */
-  const size_t nb = k / 32, rows = (size_t)AT(counts)[1];
-  const size_t p1 = (wg + 1) * rows_per_wg < rows ? (wg + 1) * rows_per_wg : rows;
+                                 MEMREF(const int64_t, info), MEMREF(uint16_t, xq), MEMREF(float, xs), size_t k,
+                                 size_t div, size_t x_kind, size_t rows_per_wg, size_t wg, size_t S) {
+  (void)x_kind, (void)S; /* bf16 only: the lowering gives this form bf16 layers */
+  const size_t nb = k / 32, rows = (size_t)AT(counts)[1], items = (size_t)AT(counts)[0];
+  const int64_t *tab = AT(info);
+  const size_t p0 = wg * rows_per_wg, p1 = p0 + rows_per_wg < rows ? p0 + rows_per_wg : rows;
   const __m512i perm = _mm512_loadu_si512((const void *)BF16R16_PERM);
-  for (size_t p = wg * rows_per_wg; p < p1; ++p) {
+  size_t lo = 0, hi = items; /* the last item whose first row is <= p0 */
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    if ((size_t)tab[2 * mid] <= p0) lo = mid;
+    else hi = mid;
+  }
+  for (size_t p = p0, i = lo; p < p1; ++p) {
+    while ((size_t)tab[2 * i] + ((uint64_t)tab[2 * i + 1] >> 32) <= p) ++i;
+    const size_t f = (size_t)tab[2 * i], n = (uint64_t)tab[2 * i + 1] >> 32;
     const uint16_t *src = (const uint16_t *)AT(x) + (size_t)AT(order)[p] / div * k;
+    uint16_t *dst = AT(xq) + f * k;
     for (size_t b = 0; b < nb; ++b)
-      _mm512_storeu_si512((void *)(AT(xq) + (b * S + p) * 32),
+      _mm512_storeu_si512((void *)(dst + r16_at(n, nb, b, p - f)),
                           _mm512_permutexvar_epi16(perm, _mm512_loadu_si512((const void *)(src + 32 * b))));
   }
 }
@@ -128,8 +157,9 @@ static inline void bf16r16_decode(const uint8_t *w, const uint8_t *s, size_t b, 
 
 /* The call's groups against the item's rows with vdpbf16ps, 8 rows at a time (each B tile decoded once per 8 rows):
  * res[i][r][o] = sum over the blocks in order of row r's products with weight row o of group i. */
-static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_ROWS][16]) {
+static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX_ROWS][16]) {
   const size_t nb = c->it->nb, rows = c->it->rows;
+  const uint16_t *const x = c->xq + c->first * 32 * nb;
   const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
   for (size_t i = 0; i < c->ng; ++i)
     for (size_t r0 = 0; r0 < rows; r0 += 8) {
@@ -140,7 +170,7 @@ static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
         __m512i bt[16];
         bf16r16_decode(c->w[i], c->s[i], b, tab, bt);
         for (size_t r = 0; r < nr; ++r) {
-          const uint32_t *xr = (const uint32_t *)(c->xq + (b * c->S + c->first + r0 + r) * 32);
+          const uint32_t *xr = (const uint32_t *)(x + r16_at(rows, nb, b, r0 + r));
           for (int q = 0; q < 16; ++q)
             acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)bt[q], (__m512bh)_mm512_set1_epi32((int)xr[q]));
         }
@@ -150,30 +180,37 @@ static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
 }
 
 #if MXMOE_AMX
-/* The call's groups (ng x ntg <= 4) against the item's rows on AMX tiles: C tile i * ntg + g is group i x row group
- * g (res[i][16 g + t][o]).  With one row group the A tile alternates registers 4 / 5 by block and the groups' B tiles
- * 6 / 7; with more, at most two groups' B tiles sit in 6 and 7 for the block and the row groups' A tiles alternate
- * 4 / 5.  Block b's B tiles are decoded (into one of two buffers) during block b - 1's tile ops, so their stores
- * drain before the tile loads read them. */
-static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_ROWS][16]) {
-  const size_t nb = c->it->nb, ntg = (c->it->rows + 15) / 16, ng = c->ng, S = c->S;
-  const uint16_t *const x = c->xq + c->first * 32;
-  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
-  const uint8_t *w[4], *sc[4];
-  for (size_t i = 0; i < ng; ++i) w[i] = c->w[i], sc[i] = c->s[i];
-  /* the last block's A tiles: in place, or where rows past S would be read past the buffer's end, the valid rows
-   * copied (the rest zero): only with more than one row group, since one row group's tiles have the item's rows */
-  uint16_t tail[4][16 * 32];
-  const uint16_t *a_last[4];
+/* The A tiles of the item's last block (row groups g < ntg, x: the item's packed rows): in place, or where a tile would
+ * read past the buffer's S rows, the rows within it copied to tail[g] (the rest zero).  One row group's tile holds
+ * only the item's rows (the tile configuration), so it never copies. */
+static void r16_last_tiles(const bf16r16_call_t *c, const uint16_t *x, size_t ntg, uint16_t (*tail)[16 * 32],
+                           const uint16_t **a_last) {
+  const size_t nb = c->it->nb, n = c->it->rows, end = c->S * 32 * nb;
   for (size_t g = 0; g < ntg; ++g) {
-    const uint16_t *a = x + ((nb - 1) * S + 16 * g) * 32;
-    const size_t r0 = c->first + 16 * g;
+    const uint16_t *a = x + r16_at(n, nb, nb - 1, 16 * g);
+    const size_t at = (size_t)(a - c->xq);
     a_last[g] = a;
-    if (ntg > 1 && r0 + 16 > S) {
-      for (size_t i = 0; i < 16 * 32; ++i) tail[g][i] = i < 32 * (S - r0) ? a[i] : 0;
+    if (ntg > 1 && at + 16 * 32 > end) {
+      for (size_t i = 0; i < 16 * 32; ++i) tail[g][i] = at + i < end ? a[i] : 0;
       a_last[g] = tail[g];
     }
   }
+}
+
+/* The call's groups (ng <= 2) against an item of one or two row groups (one band) on AMX tiles: C tile i * ntg + g is
+ * group i x row group g (res[i][16 g + t][o]).  With one row group the A tile alternates registers 4 / 5 by block and
+ * the groups' B tiles 6 / 7; with two, the groups' B tiles sit in 6 and 7 for the block and the row groups' A tiles
+ * in 4 / 5.  Block b's B tiles are decoded (into one of two buffers) during block b - 1's tile ops, so their stores
+ * drain before the tile loads read them. */
+static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX_ROWS][16]) {
+  const size_t nb = c->it->nb, n = c->it->rows, ntg = (n + 15) / 16, ng = c->ng;
+  const uint16_t *const x = c->xq + c->first * 32 * nb; /* one band: row group g of block b at (b n + 16 g) 32 */
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
+  const uint8_t *w[4], *sc[4];
+  for (size_t i = 0; i < ng; ++i) w[i] = c->w[i], sc[i] = c->s[i];
+  uint16_t tail[2][16 * 32];
+  const uint16_t *a_last[2];
+  r16_last_tiles(c, x, ntg, tail, a_last);
   __m512i bt[2][4][16];
   /* OP(tile, arg) on C tile t (the intrinsics take constant tile numbers) */
 #define R16_C(OP, t, arg)         \
@@ -193,7 +230,7 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
       const size_t bp = b - 1;
       __m512i(*bb)[16] = bt[bp & 1];
       if (ntg == 1) {
-        const uint16_t *a = bp + 1 < nb ? x + bp * S * 32 : a_last[0];
+        const uint16_t *a = bp + 1 < nb ? x + bp * n * 32 : a_last[0];
         if (bp & 1) _tile_loadd(5, a, 64);
         else _tile_loadd(4, a, 64);
         for (size_t i = 0; i < ng; ++i) {
@@ -209,7 +246,7 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
         _tile_loadd(6, bb[0], 64);
         if (ng > 1) _tile_loadd(7, bb[1], 64);
         for (size_t g = 0; g < ntg; ++g) {
-          const uint16_t *a = bp + 1 < nb ? x + (bp * S + 16 * g) * 32 : a_last[g];
+          const uint16_t *a = bp + 1 < nb ? x + (bp * n + 16 * g) * 32 : a_last[g];
           if (g & 1) {
             _tile_loadd(5, a, 64);
             R16_C(R16_DP5, g, 6)
@@ -233,22 +270,88 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[MAX_ITEM_RO
 #undef R16_DP5
 #undef R16_STORE
 }
+
+/* blocks of a chunk in bf16r16_groups_amx_pairs: its buffer of two groups' B tiles is 2 x R16_CHUNK KB of stack
+ * (IREE's workers have 128 KB; with the item's 32 KB of results and the last tiles' 8 KB) */
+#ifndef R16_CHUNK
+#define R16_CHUNK 8
+#endif
+
+/* The call's groups (ng <= 2) against an item of 3-8 row groups in 2 x 2 C tiles: per chunk of R16_CHUNK blocks, the
+ * first band (two row groups) decodes the chunk's B tiles into a buffer (the next block's during the current one's
+ * tile ops) and the other bands read them back, so each B tile is decoded once per item and each tile load feeds two
+ * TDPBF16PS.  The C tiles go to res between passes (exact: f32 in, f32 out), so every output still sums its blocks in
+ * order.  C tile i * 2 + t is group i x the band's row group t; A tiles 4 / 5, B tiles 6 / 7.  One thread, 256 x
+ * 2880 weights in L2 (benchmarks/cpu_amx.c): 64 rows 123 -> 97 us against one weight group x four row groups in one
+ * pass (a B tile loaded for four TDPBF16PS but each A tile for one); chunks of 6-8 blocks measured best (4: 104-106, 12:
+ * 122 us), where the buffer stays in L1. */
+static void bf16r16_groups_amx_pairs(const bf16r16_call_t *c, float (*res)[BF16R16_MAX_ROWS][16]) {
+  const size_t nb = c->it->nb, n = c->it->rows, ntg = (n + 15) / 16, ng = c->ng;
+  const uint16_t *const x = c->xq + c->first * 32 * nb;
+  const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
+  uint16_t tail[BF16R16_MAX_ROWS / 16][16 * 32];
+  const uint16_t *a_last[BF16R16_MAX_ROWS / 16];
+  r16_last_tiles(c, x, ntg, tail, a_last);
+  __m512i buf[R16_CHUNK][2][16];
+  for (size_t b0 = 0; b0 < nb; b0 += R16_CHUNK) {
+    const size_t nbc = nb - b0 < R16_CHUNK ? nb - b0 : R16_CHUNK;
+    for (size_t h = 0; h < ntg; h += 2) {
+      const int two = h + 1 < ntg, pair = ng > 1;
+      float *const c0 = &res[0][16 * h][0], *const c1 = &res[0][16 * h + 16][0];
+      float *const c2 = &res[pair][16 * h][0], *const c3 = &res[pair][16 * h + 16][0];
+      if (b0 == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else {
+        _tile_loadd(0, c0, 64);
+        if (two) _tile_loadd(1, c1, 64);
+        if (pair) _tile_loadd(2, c2, 64);
+        if (two && pair) _tile_loadd(3, c3, 64);
+      }
+      for (size_t j = 0; j <= nbc; ++j) {
+        if (j > 0 || h > 0) {
+          const size_t jp = h > 0 ? j : j - 1, b = b0 + jp;
+          if (h > 0 && j == nbc) break;
+          _tile_loadd(6, buf[jp][0], 64);
+          if (pair) _tile_loadd(7, buf[jp][1], 64);
+          const uint16_t *a = x + r16_at(n, nb, b, 16 * h); /* the pass's band: its two row groups in one piece */
+          _tile_loadd(4, b + 1 < nb ? a : a_last[h], 64);
+          _tile_dpbf16ps(0, 4, 6);
+          if (pair) _tile_dpbf16ps(2, 4, 7);
+          if (two) {
+            _tile_loadd(5, b + 1 < nb ? a + 16 * 32 : a_last[h + 1], 64);
+            _tile_dpbf16ps(1, 5, 6);
+            if (pair) _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        if (h == 0 && j < nbc)
+          for (size_t i = 0; i < ng; ++i) bf16r16_decode(c->w[i], c->s[i], b0 + j, tab, buf[j][i]);
+      }
+      _tile_stored(0, c0, 64);
+      if (two) _tile_stored(1, c1, 64);
+      if (pair) _tile_stored(2, c2, 64);
+      if (two && pair) _tile_stored(3, c3, 64);
+    }
+  }
+}
+
 #endif
 
 /* One work item: its output tile's groups of 16 weight rows (with gate/up halves, each 32 outputs' gate group of rows
- * [o0 / 2, +16) and up group of rows [n / 2 + o0 / 2, +16)), as many at a time as the C tiles take (but two with one
- * row group: four weight streams at once measured 10-20% slower at 1-64 tokens of gpt-oss-20b, 2 threads, alternated
- * runs, though faster in the one-thread harness), then the
- * results out as item_rows16 writes them (store16, or the GLU of the halves' pairs).  try_amx: 0 takes vdpbf16ps (the
- * harness's comparison). */
+ * [o0 / 2, +16) and up group of rows [n / 2 + o0 / 2, +16)), two at a time (with one row group, four weight streams at
+ * once measured 10-20% slower at 1-64 tokens of gpt-oss-20b, 2 threads, alternated runs, though faster in the
+ * one-thread harness), then the results out as item_rows16 writes them (store16, or the GLU of the halves' pairs).
+ * try_amx: 0 takes vdpbf16ps (the harness's comparison). */
 static void item_bf16_rows16(const item_t *it, const uint16_t *xq, size_t S, size_t first, int try_amx) {
-  const size_t nb = it->nb, rows = it->rows, ntg = (rows + 15) / 16, per = ntg == 1 ? 2 : 4 / ntg;
+  const size_t nb = it->nb, rows = it->rows, ntg = (rows + 15) / 16, per = 2;
   size_t g0[MAX_TILE_N / 16], ngroups = 0;
   if (it->halves)
     for (size_t o0 = it->n0; o0 < it->n1; o0 += 32) g0[ngroups++] = o0 / 2, g0[ngroups++] = it->n / 2 + o0 / 2;
   else
     for (size_t o0 = it->n0; o0 < it->n1; o0 += 16) g0[ngroups++] = o0;
-  float res[MAX_TILE_N / 16][MAX_ITEM_ROWS][16];
+  float res[MAX_TILE_N / 16][BF16R16_MAX_ROWS][16];
 #if MXMOE_AMX
   const int amx = try_amx && amx_permission() == 0;
   if (amx) {
@@ -267,7 +370,8 @@ static void item_bf16_rows16(const item_t *it, const uint16_t *xq, size_t S, siz
     for (size_t i = 0; i < c.ng; ++i) c.w[i] = it->w + g0[q0 + i] * 16 * nb, c.s[i] = it->s + g0[q0 + i] * nb;
 #if MXMOE_AMX
     if (amx) {
-      bf16r16_groups_amx(&c, res + q0);
+      if (ntg > 2) bf16r16_groups_amx_pairs(&c, res + q0);
+      else bf16r16_groups_amx(&c, res + q0);
       continue;
     }
 #endif

@@ -2,8 +2,8 @@
 
 The kernel alone, built in each AVX512-BF16 flavor this host runs (avx512amx: AMX tiles; avx512bf16: the same
 products on vdpbf16ps, the path a kernel that refuses the tile state takes), called through ctypes: the packer's
-block-major permuted rows, the matmul against float64 of the dequantized weights at awkward shapes (row counts of
-1-64 per item, the last item's rows running past the buffer, an expert with no rows, slots with no expert, partial
+permuted rows in each work item's bands, the matmul against float64 of the dequantized weights at awkward shapes (row counts of
+1-128 per item, the last item's rows running past the buffer, an expert with no rows, slots with no expert, partial
 tiles, every e2m1 code, the scale bytes that take the f32 decode), gate/up deinterleaving and the GLU epilogue. Whole
 layers compiled with ``MXMOE_CPU_BF16_LAYOUT=rows16`` (the avx512amx flavor's default) against the reference, bit for
 bit on most outputs, and batch invariant.
@@ -55,35 +55,47 @@ def bf16(a: np.ndarray) -> np.ndarray:
     return a.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def pack(lib, x: np.ndarray, S: int, rows_per_wg: int = 3) -> np.ndarray:
-    """The packer over every workgroup (sorted row p from x[p], p < len(x)): [S, K] uint16 words, block-major (rows
-    past len(x) keep the fill)."""
+def items_table(items: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(info, counts) as mxmoe_group_slots writes them for work items (first row, rows) that partition the rows."""
+    info = np.array([v for f, n in items for v in (f, n << 32)] or [0, 0], np.int64)
+    return info, np.array([len(items), sum(n for _, n in items)], np.int32)
+
+
+def pack(lib, x: np.ndarray, S: int, info: np.ndarray, counts: np.ndarray, rows_per_wg: int = 3) -> np.ndarray:
+    """The packer over every workgroup (sorted row p from x[p], p < counts[1], the work items in ``info``): [S, K]
+    uint16 words (rows past the items keep the fill)."""
     R, K = x.shape
     xw = np.ascontiguousarray(x.astype(ml_dtypes.bfloat16)).view(np.uint16)
     q = np.full((S, K), 0x7FC1, np.uint16)  # NaN bits: rows nobody packs must not reach an output
     xs = np.zeros(1, np.float32)
-    order, counts = np.arange(max(R, 1), dtype=np.int32), np.array([0, R], np.int32)
-    for wg in range(-(-R // rows_per_wg)):
+    order = np.arange(max(R, 1), dtype=np.int32)
+    for wg in range(-(-int(counts[1]) // rows_per_wg)):
         getattr(lib, ukernels.BF16_ROWS16_PACK_SYMBOL)(
-            *memref(xw), *memref(order), *memref(counts), *memref(q), *memref(xs), ctypes.c_size_t(K),
+            *memref(xw), *memref(order), *memref(counts), *memref(info), *memref(q), *memref(xs), ctypes.c_size_t(K),
             ctypes.c_size_t(1), ctypes.c_size_t(KIND_BF16), ctypes.c_size_t(rows_per_wg), ctypes.c_size_t(wg),
             ctypes.c_size_t(S))
     return q
 
 
-def test_packer_permutes_each_block_and_stores_block_major(lib):
+def test_packer_permutes_each_block_and_packs_items_in_bands(lib):
     """Column 2q + e of a packed block holds value V + 2e of the block, q = 4j + n, V = 4j, 16 + 4j, 4j + 1, 17 + 4j
-    for n = 0..3 (the pairs the rows16 nibbles give a B-tile row), block b of row p at word (b S + p) 32."""
+    for n = 0..3 (the pairs the rows16 nibbles give a B-tile row). Each work item's rows lie at its first row's
+    words, in bands of 32 rows from its first, each band block-major: row r of an item of n rows, block b, at word
+    32 (32 j nb + b R + r % 32) of the item, j = r / 32, R = min(32, n - 32 j)."""
     rng = np.random.default_rng(0)
-    x = bf16(rng.standard_normal((5, 96)).astype(np.float32))
-    q = pack(lib, x, S=7)
+    items = [(0, 40), (40, 5), (45, 33)]  # two bands (32 + 8), one short band, two bands (32 + 1)
+    x = bf16(rng.standard_normal((78, 96)).astype(np.float32))
+    q = pack(lib, x, 80, *items_table(items), rows_per_wg=7).reshape(-1)
     perm = [(16 * (n & 1) + 4 * j + (n >> 1)) + 2 * e for j in range(4) for n in range(4) for e in range(2)]
     xw = x.astype(ml_dtypes.bfloat16).view(np.uint16)
-    blocks = q.reshape(3, 7, 32)  # [block, row of the S, word]
-    for p in range(5):
-        for b in range(3):
-            np.testing.assert_array_equal(blocks[b, p], xw[p, 32 * b:32 * b + 32][perm])
-    assert (blocks[:, 5:] == 0x7FC1).all()
+    nb = 3
+    for f, n in items:
+        for r in range(n):
+            j, R = r // 32, min(32, n - 32 * (r // 32))
+            for b in range(nb):
+                at = 96 * f + 32 * (32 * j * nb + b * R + r % 32)
+                np.testing.assert_array_equal(q[at:at + 32], xw[f + r, 32 * b:32 * b + 32][perm], err_msg=(f, r, b))
+    assert (q[78 * 96:] == 0x7FC1).all()
 
 
 def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, glu=None, out_dt=np.float32):
@@ -98,9 +110,10 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, 
     perm = np.random.default_rng(5).permutation(S).astype(np.int32)
     slot_ids = np.empty(S, np.int32)
     slot_ids[perm] = ids
-    order, info, counts = ukernels.group_slots(getattr(lib, ukernels.GROUP_SYMBOL), slot_ids, E)
+    order, info, counts = ukernels.group_slots(getattr(lib, ukernels.GROUP_SYMBOL), slot_ids, E,
+                                               cpu_ukernel.row_chunk(cpu_ukernel.BF16_ROWS16))
     sorted_ids = slot_ids[order]
-    xq = pack(lib, np.ascontiguousarray(x[order][:sum(rows)]), S)
+    xq = pack(lib, np.ascontiguousarray(x[order][:sum(rows)]), S, info, counts)
     wst, sst = swizzle.rows16_swizzle(w), swizzle.rows16_scales(s)
     out = np.full((S, N // 2 if glu else N), np.nan, np.float32).astype(out_dt if glu else np.float32)
     b = np.zeros(1, np.float32) if bias is None else bias
@@ -132,10 +145,11 @@ def assert_float64(out, xd, ids, w, s, bias=None):
 
 @pytest.mark.parametrize("N,K,rows", [(16, 32, (1,)), (48, 96, (2, 0, 3)), (96, 160, (9, 1, 17)),
                                       (32, 2880, (64, 5)), (48, 288, (15, 16, 17, 33, 12, 31)),
-                                      (64, 64, (4, 37, 64, 50))])
+                                      (64, 64, (4, 37, 64, 50)), (48, 800, (128, 70, 100, 129, 1))])
 def test_matmul_matches_float64(lib, N, K, rows):
-    """One to four row groups per item (1-64 rows: two weight groups at a time with one row group, one with three or
-    four), an expert with no rows, a partial output tile (N = 48 or 96, tiles of 64), K of 1-90 blocks, the last
+    """One to eight row groups per item (1-128 rows: 129 make two items; one or two row groups in one pass, more in
+    passes of two over chunks of blocks, odd counts too), an expert with no rows, a partial output tile (N = 48 or
+    96, tiles of 64), K of 1-90 blocks (25: chunks of 8 and a last of 1), the last
     item's A tiles past the buffer's S rows (copied, zero-filled), blocks with a scale byte outside 2..252 (0, 1, 253:
     the f32 decode) next to fast ones."""
     rng = np.random.default_rng(N + K + len(rows))
@@ -259,14 +273,14 @@ def test_layers_match_the_reference(name, flavor, rows16):
 
 def test_layers_are_batch_invariant(flavor, rows16):
     """What the artifact records (numerics.batch_invariant): a token's output bits do not depend on its batch (one
-    row group or four, two weight groups at a time or one)."""
+    row group or eight: one pass or passes over chunks of blocks)."""
     if flavor not in ukernels.BF16_FLAVORS:
         pytest.skip(f"the rows16 bf16 form needs an AVX512-BF16 flavor, not {flavor}")
     moe = MoE.random(TINY.replace(num_experts=2, top_k=1), seed=12)
     cm = mxmoe.compile(moe, target="cpu")
-    x = torch.randn(120, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x = torch.randn(250, TINY.hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
     whole = cm(x)
-    for t in (0, 5, 119):
+    for t in (0, 5, 249):
         assert torch.equal(cm(x[t:t + 1]).view(torch.int16), whole[t:t + 1].view(torch.int16)), t
 
 

@@ -416,13 +416,13 @@ def grouped_matmul_ukernel(b: Body, x: str, xt, k: int, e: int, n: int, kk: int,
     activation form (:data:`cpu_ukernel.PLANES`, :data:`cpu_ukernel.BF16_ROWS16`; 0: the blocksplit layout's).
     """
     S, ids_flat = _slots(b, k, e, T)
-    order, info, counts, ni = cpu_ukernel.group_dispatch(b, exes[0], ids_flat, e, S)
+    order, info, counts, ni = cpu_ukernel.group_dispatch(b, exes[0], ids_flat, e, S, form)
     xel = str(xt.element_type)
     if xt.rank == 2:
         rows, R = x, T
     else:
         rows, R = b.v(f"tensor.collapse_shape {x} [[0, 1], [2]] : {xt} into {tt([None, kk], xel)}", "xf"), S
-    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, form)
+    xq, xsc = cpu_ukernel.quantize_dispatch(b, exes[1], rows, xel, R, order, counts, S, kk, form, (info, ni))
     return cpu_ukernel.matvec_dispatch(b, exes[2], xq, xsc, e, n, kk, bias, info, ni, counts, order, S, form, glu,
                                        xel)
 

@@ -5,7 +5,7 @@ Used by :mod:`cpu_grouped` at every token count when the microkernel object was 
 
 * :func:`group_dispatch`: the C grouping (``mxmoe_group_slots``, one workgroup, O(slots + experts)):
   ``order`` (sorted position -> slot: each expert's slots in slot order, the slots whose id is outside
-  [0, E) last), the work items (each used expert's rows cut into pieces of at most ``ROW_CHUNK``) and the
+  [0, E) last), the work items (each used expert's rows cut into pieces of at most :func:`row_chunk`) and the
   counts (work items, valid slots).
 * :func:`quantize_dispatch`: the C quantizer (``mxmoe_mxfp4_quantize_rows``) reads each sorted row's
   activations straight from the op's input (row ``order[p] / div``) and writes them as int16 with one
@@ -51,13 +51,22 @@ QUANTIZE_ROWS = 4
 QUANTIZE_GROUPS = 256
 #: at most this many rows of one expert per work item (mxmoe_group_slots cuts each expert's rows into items
 #: of equal size): many tokens on one expert spread over the workers, and an item's rows stay in cache
-#: while each output reads them (the kernel holds up to 64: MAX_ITEM_ROWS)
+#: while each output reads them (the kernels hold up to 64: MAX_ITEM_ROWS)
 ROW_CHUNK = 64
+#: the same for the AMX form of bf16 layers (BF16R16_MAX_ROWS), whose items decode their weights once whatever their
+#: rows: with 64, an expert of 65-128 rows was two items that each decoded the whole expert
+ROW_CHUNK_BF16_ROWS16 = 128
 #: the rows16 layout's int8 activation forms -> their ``form`` (below): int8 planes per activation row (0: the
 #: blocksplit layout's form)
 PLANES = {"mxint8": 1, "mxint16": 2}
 #: the ``form`` of the rows16 layout's bf16 activations (the AMX form of bf16 layers)
 BF16_ROWS16 = 3
+
+
+def row_chunk(form: int) -> int:
+    """The most rows of one expert in a work item of the matmul of ``form``."""
+    return ROW_CHUNK_BF16_ROWS16 if form == BF16_ROWS16 else ROW_CHUNK
+
 #: per form: the quantizer's and the matmul's symbols
 _SYMBOLS = {0: (QUANTIZE_SYMBOL, MATVEC_SYMBOL), 1: (MXINT8_QUANTIZE_SYMBOL, ROWS16_SYMBOL),
             2: (MXINT16_QUANTIZE_SYMBOL, ROWS16X2_SYMBOL), BF16_ROWS16: (BF16_ROWS16_PACK_SYMBOL, BF16_ROWS16_SYMBOL)}
@@ -88,17 +97,18 @@ def xs_width(kk: int) -> int:
     return -(-(kk // 32) // 8) * 8
 
 
-def info_size(b: Body, e: int, S: str) -> str:
-    """Entries of the work-item table: 2 (e + S / ROW_CHUNK)."""
-    chunk = b.const(ROW_CHUNK, "index")
+def info_size(b: Body, e: int, S: str, form: int = 0) -> str:
+    """Entries of the work-item table: 2 (e + S / row_chunk(form))."""
+    chunk = b.const(row_chunk(form), "index")
     whole = b.v(f"arith.divui {S}, {chunk} : index", "ni")
     items = b.v(f"arith.addi {whole}, {b.const(e, 'index')} : index", "ni")
     return b.v(f"arith.muli {items}, {b.const(2, 'index')} : index", "ni")
 
 
-def group_dispatch(b: Body, exe: str, ids: str, e: int, S: str) -> tuple[str, str, str, str]:
-    """(order [S] i32, info [ni] i64, counts [2] i32, ni) of the slots' expert ids ``ids`` [S] i32."""
-    ni = info_size(b, e, S)
+def group_dispatch(b: Body, exe: str, ids: str, e: int, S: str, form: int = 0) -> tuple[str, str, str, str]:
+    """(order [S] i32, info [ni] i64, counts [2] i32, ni) of the slots' expert ids ``ids`` [S] i32, in work items
+    of at most ``row_chunk(form)`` rows."""
+    ni = info_size(b, e, S, form)
     res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({ids}, {S}) : ({tt([None], 'i32')}{{{S}}}, index) -> "
               f"({tt([None], 'i32')}{{{S}}}, {tt([None], 'i64')}{{{ni}}}, {tt([2], 'i32')})", "grp", nres=3)
     return f"{res}#0", f"{res}#1", f"{res}#2", ni
@@ -112,15 +122,21 @@ def act_buffers(kk: int, form: int) -> tuple[tuple[str, int], int]:
 
 
 def quantize_dispatch(b: Body, exe: str, x: str, x_el: str, R: str, order: str, counts: str, S: str,
-                      kk: int, form: int = 0) -> tuple[str, str]:
+                      kk: int, form: int = 0, info: tuple[str, str] | None = None) -> tuple[str, str]:
     """(xq [S, xq_width] i16, xs [S, xs_width] f32) (int8 forms: [S, form kk] i8, [S, form 2 kk / 32] f32;
     BF16_ROWS16: [S, kk] i16, [S, 1] f32): sorted
     row p < nvalid quantized from ``x`` [R, kk] (``x_el``) row ``order[p] / div`` (``div`` is baked into ``@exe``,
-    see :func:`quantize_executable_text`)."""
+    see :func:`quantize_executable_text`). BF16_ROWS16 packs each work item's rows together: ``info`` is (the work-item
+    table, its size) from :func:`group_dispatch`."""
     (q_el, q_w), s_w = act_buffers(kk, form)
-    res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {R}, {S}) : ({tt([None, kk], x_el)}{{{R}}}, "
-              f"{tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, index, index) -> ({tt([None, q_w], q_el)}{{{S}}}, "
-              f"{tt([None, s_w], 'f32')}{{{S}}})", "xq", nres=2)
+    items, items_t = "", ""
+    if form == BF16_ROWS16:
+        if info is None:
+            raise ValueError("cpu microkernel: the bf16 rows16 packer needs the work-item table")
+        items, items_t = f"{info[0]}, ", f"{tt([None], 'i64')}{{{info[1]}}}, "
+    res = b.v(f"flow.dispatch @{exe}::@{exe}[{S}]({x}, {order}, {counts}, {items}{R}, {S}) : "
+              f"({tt([None, kk], x_el)}{{{R}}}, {tt([None], 'i32')}{{{S}}}, {tt([2], 'i32')}, {items_t}index, index) -> "
+              f"({tt([None, q_w], q_el)}{{{S}}}, {tt([None, s_w], 'f32')}{{{S}}})", "xq", nres=2)
     return f"{res}#0", f"{res}#1"
 
 
@@ -217,18 +233,18 @@ def _executable(exe: str, obj: str, symbol: str, params: str, memrefs: list[tupl
 }}"""
 
 
-def _info_lines(e: int) -> list[str]:
-    """%ni = 2 (e + S / ROW_CHUNK) inside an executable's function (as :func:`info_size`)."""
-    return [f"%ni0 = arith.divui %S, %c{ROW_CHUNK} : index", f"%ni1 = arith.addi %ni0, %c{e} : index",
+def _info_lines(e: int, form: int) -> list[str]:
+    """%ni = 2 (e + S / row_chunk(form)) inside an executable's function (as :func:`info_size`)."""
+    return [f"%ni0 = arith.divui %S, %c{row_chunk(form)} : index", f"%ni1 = arith.addi %ni0, %c{e} : index",
             "%ni = arith.muli %ni1, %c2 : index"]
 
 
-def group_executable_text(exe: str, obj: str, e: int) -> str:
+def group_executable_text(exe: str, obj: str, e: int, form: int = 0) -> str:
     """The executable :func:`group_dispatch` calls: one workgroup."""
     memrefs = [("ids", "i32", "%S"), ("order", "i32", "%S"), ("info", "i64", "%ni"), ("counts", "i32", "%c2")]
     grid = ["%one = arith.constant 1 : index", "stream.return %one, %one, %one : index, index, index"]
-    return _executable(exe, obj, GROUP_SYMBOL, "%S: index", memrefs, ["%S", f"%c{e}", f"%c{ROW_CHUNK}"],
-                       _info_lines(e), grid)
+    return _executable(exe, obj, GROUP_SYMBOL, "%S: index", memrefs, ["%S", f"%c{e}", f"%c{row_chunk(form)}"],
+                       _info_lines(e, form), grid)
 
 
 def _quantize_rows_lines(out: str, pre: str = "") -> list[str]:
@@ -238,15 +254,17 @@ def _quantize_rows_lines(out: str, pre: str = "") -> list[str]:
             f"%{pre}per = arith.divui %{pre}su, %{pre}g : index", f"{out} = arith.maxui %{pre}per, %{pre}r : index"]
 
 
-def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, form: int = 0) -> str:
-    """The executable :func:`quantize_dispatch` calls: row ``order[p] / div`` of x, QUANTIZE_ROWS per workgroup."""
+def quantize_executable_text(exe: str, obj: str, kk: int, x_el: str, div: int, form: int = 0, e: int = 0) -> str:
+    """The executable :func:`quantize_dispatch` calls: row ``order[p] / div`` of x, QUANTIZE_ROWS per workgroup
+    (BF16_ROWS16 also binds the work-item table of ``e`` experts)."""
     kind = _kind(x_el, "activation")
     (q_el, q_w), s_w = act_buffers(kk, form)
-    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), ("xq", q_el, "%nxq"),
+    items = [("info", "i64", "%ni")] if form == BF16_ROWS16 else []
+    memrefs = [("x", x_el, "%nx"), ("order", "i32", "%S"), ("counts", "i32", "%c2"), *items, ("xq", q_el, "%nxq"),
                ("xs", "f32", "%nxs")]
     prelude = ["%wg = hal.interface.workgroup.id[0] : index", f"%nx = arith.muli %R, %c{kk} : index",
                f"%nxq = arith.muli %S, %c{q_w} : index", f"%nxs = arith.muli %S, %c{s_w} : index"
-               ] + _quantize_rows_lines("%rpw")
+               ] + _quantize_rows_lines("%rpw") + (_info_lines(e, form) if items else [])
     grid = _quantize_rows_lines("%rows") + [
         "%one = arith.constant 1 : index", "%r1 = arith.subi %rows, %one : index", "%up = arith.addi %S, %r1 : index",
         "%groups = arith.divui %up, %rows : index", "stream.return %groups, %one, %one : index, index, index"]
@@ -279,12 +297,12 @@ def executable_text(exe: str, obj: str, e: int, n: int, kk: int, x_el: str, bias
                ("out", x_el if glu else "f32", "%nout")]
     prelude = ["%tile = hal.interface.workgroup.id[0] : index", "%u = hal.interface.workgroup.id[1] : index",
                f"%nxq = arith.muli %S, %c{q_w} : index", f"%nxs = arith.muli %S, %c{s_w} : index",
-               f"%nout = arith.muli %S, %c{n // 2 if glu else n} : index"] + _info_lines(e)
-    # a workgroup row per possible work item (at most min(S, e) + S / ROW_CHUNK: an expert's rows make at
+               f"%nout = arith.muli %S, %c{n // 2 if glu else n} : index"] + _info_lines(e, form)
+    # a workgroup row per possible work item (at most min(S, e) + S / row_chunk: an expert's rows make at
     # most one more item than whole chunks), and one more that zeroes the rows of slots with no expert
     tile_n = TILE_N_INT8 if form in PLANES.values() else TILE_N
     grid = [f"%tiles = arith.constant {-(-n // tile_n)} : index", f"%e = arith.constant {e} : index",
-            f"%chunk = arith.constant {ROW_CHUNK} : index", "%one = arith.constant 1 : index",
+            f"%chunk = arith.constant {row_chunk(form)} : index", "%one = arith.constant 1 : index",
             "%used = arith.minui %S, %e : index", "%whole = arith.divui %S, %chunk : index",
             "%items = arith.addi %used, %whole : index", "%slots = arith.addi %items, %one : index",
             "stream.return %tiles, %slots, %one : index, index, index"]
@@ -301,6 +319,6 @@ def executables(fname: str, obj: str, e: int, n: int, kk: int, x_el: str, div: i
     (function ``fname``) dispatches; ``form``: the activation form (:data:`PLANES`, :data:`BF16_ROWS16`); ``glu``: the matvec's GLU
     epilogue (:func:`executable_text`)."""
     names = (f"{fname}_group", f"{fname}_quantize", f"{fname}_ukernel")
-    return names, [group_executable_text(names[0], obj, e),
-                   quantize_executable_text(names[1], obj, kk, x_el, div, form),
+    return names, [group_executable_text(names[0], obj, e, form),
+                   quantize_executable_text(names[1], obj, kk, x_el, div, form, e),
                    executable_text(names[2], obj, e, n, kk, x_el, bias_el, deinterleave, form, glu)]
