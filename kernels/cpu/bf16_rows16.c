@@ -180,21 +180,16 @@ static void bf16r16_groups_avx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
 }
 
 #if MXMOE_AMX
-/* The A tiles of the item's last block (row groups g < ntg, x: the item's packed rows): in place, or where a tile would
- * read past the buffer's S rows, the rows within it copied to tail[g] (the rest zero).  One row group's tile holds
- * only the item's rows (the tile configuration), so it never copies. */
-static void r16_last_tiles(const bf16r16_call_t *c, const uint16_t *x, size_t ntg, uint16_t (*tail)[16 * 32],
-                           const uint16_t **a_last) {
-  const size_t nb = c->it->nb, n = c->it->rows, end = c->S * 32 * nb;
-  for (size_t g = 0; g < ntg; ++g) {
-    const uint16_t *a = x + r16_at(n, nb, nb - 1, 16 * g);
-    const size_t at = (size_t)(a - c->xq);
-    a_last[g] = a;
-    if (ntg > 1 && at + 16 * 32 > end) {
-      for (size_t i = 0; i < 16 * 32; ++i) tail[g][i] = at + i < end ? a[i] : 0;
-      a_last[g] = tail[g];
-    }
-  }
+/* An A tile (16 rows from a): in place, or where it would read past the packed buffer (xq, end words), the rows within
+ * it copied to tail (the rest zero).  A tile of a whole band holds its rows; a last band of R < 32 rows reads past its
+ * end (into the next item's rows: output rows nobody reads) in its last block, and with R < 16 in its last 16 / R
+ * blocks, so only the buffer's last item copies.  One row group's tile holds only the item's rows (the tile
+ * configuration): no check. */
+static inline const uint16_t *r16_a_tile(const uint16_t *a, const uint16_t *xq, size_t end, uint16_t *tail) {
+  const size_t at = (size_t)(a - xq);
+  if (__builtin_expect(at + 16 * 32 <= end, 1)) return a;
+  for (size_t i = 0; i < 16 * 32; ++i) tail[i] = at + i < end ? a[i] : 0;
+  return tail;
 }
 
 /* The call's groups (ng <= 2) against an item of one or two row groups (one band) on AMX tiles: C tile i * ntg + g is
@@ -208,9 +203,8 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
   const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
   const uint8_t *w[4], *sc[4];
   for (size_t i = 0; i < ng; ++i) w[i] = c->w[i], sc[i] = c->s[i];
+  const size_t end = c->S * 32 * nb;
   uint16_t tail[2][16 * 32];
-  const uint16_t *a_last[2];
-  r16_last_tiles(c, x, ntg, tail, a_last);
   __m512i bt[2][4][16];
   /* OP(tile, arg) on C tile t (the intrinsics take constant tile numbers) */
 #define R16_C(OP, t, arg)         \
@@ -230,7 +224,7 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
       const size_t bp = b - 1;
       __m512i(*bb)[16] = bt[bp & 1];
       if (ntg == 1) {
-        const uint16_t *a = bp + 1 < nb ? x + bp * n * 32 : a_last[0];
+        const uint16_t *a = x + bp * n * 32;
         if (bp & 1) _tile_loadd(5, a, 64);
         else _tile_loadd(4, a, 64);
         for (size_t i = 0; i < ng; ++i) {
@@ -246,7 +240,7 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
         _tile_loadd(6, bb[0], 64);
         if (ng > 1) _tile_loadd(7, bb[1], 64);
         for (size_t g = 0; g < ntg; ++g) {
-          const uint16_t *a = bp + 1 < nb ? x + (bp * n + 16 * g) * 32 : a_last[g];
+          const uint16_t *a = r16_a_tile(x + (bp * n + 16 * g) * 32, c->xq, end, tail[g]);
           if (g & 1) {
             _tile_loadd(5, a, 64);
             R16_C(R16_DP5, g, 6)
@@ -272,7 +266,7 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
 }
 
 /* blocks of a chunk in bf16r16_groups_amx_pairs: its buffer of two groups' B tiles is 2 x R16_CHUNK KB of stack
- * (IREE's workers have 128 KB; with the item's 32 KB of results and the last tiles' 8 KB) */
+ * (IREE's workers have 128 KB; with the item's 32 KB of results and the last tiles' 2 KB) */
 #ifndef R16_CHUNK
 #define R16_CHUNK 8
 #endif
@@ -289,9 +283,8 @@ static void bf16r16_groups_amx_pairs(const bf16r16_call_t *c, float (*res)[BF16R
   const size_t nb = c->it->nb, n = c->it->rows, ntg = (n + 15) / 16, ng = c->ng;
   const uint16_t *const x = c->xq + c->first * 32 * nb;
   const __m512i tab = _mm512_loadu_si512((const void *)E2M1_BF16_HI);
-  uint16_t tail[BF16R16_MAX_ROWS / 16][16 * 32];
-  const uint16_t *a_last[BF16R16_MAX_ROWS / 16];
-  r16_last_tiles(c, x, ntg, tail, a_last);
+  const size_t end = c->S * 32 * nb;
+  uint16_t tail[2][16 * 32];
   __m512i buf[R16_CHUNK][2][16];
   for (size_t b0 = 0; b0 < nb; b0 += R16_CHUNK) {
     const size_t nbc = nb - b0 < R16_CHUNK ? nb - b0 : R16_CHUNK;
@@ -317,11 +310,11 @@ static void bf16r16_groups_amx_pairs(const bf16r16_call_t *c, float (*res)[BF16R
           _tile_loadd(6, buf[jp][0], 64);
           if (pair) _tile_loadd(7, buf[jp][1], 64);
           const uint16_t *a = x + r16_at(n, nb, b, 16 * h); /* the pass's band: its two row groups in one piece */
-          _tile_loadd(4, b + 1 < nb ? a : a_last[h], 64);
+          _tile_loadd(4, r16_a_tile(a, c->xq, end, tail[0]), 64);
           _tile_dpbf16ps(0, 4, 6);
           if (pair) _tile_dpbf16ps(2, 4, 7);
           if (two) {
-            _tile_loadd(5, b + 1 < nb ? a + 16 * 32 : a_last[h + 1], 64);
+            _tile_loadd(5, r16_a_tile(a + 16 * 32, c->xq, end, tail[1]), 64);
             _tile_dpbf16ps(1, 5, 6);
             if (pair) _tile_dpbf16ps(3, 5, 7);
           }

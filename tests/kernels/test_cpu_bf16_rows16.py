@@ -12,6 +12,7 @@ bit on most outputs, and batch invariant.
 from __future__ import annotations
 
 import ctypes
+import mmap
 
 import ml_dtypes
 import numpy as np
@@ -98,11 +99,30 @@ def test_packer_permutes_each_block_and_packs_items_in_bands(lib):
     assert (q[78 * 96:] == 0x7FC1).all()
 
 
-def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, glu=None, out_dt=np.float32):
+def guarded(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` that ends where an inaccessible page begins: a kernel reading past its end faults."""
+    page = mmap.PAGESIZE
+    size = -(-a.nbytes // page) * page
+    buf = mmap.mmap(-1, size + page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + size, page, 0) == 0, ctypes.get_errno()
+    out = np.frombuffer(buf, np.uint8, a.nbytes, size - a.nbytes).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    _GUARDED.append(buf)  # kept mapped for the test's life
+    return out
+
+
+_GUARDED: list = []
+
+
+def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, glu=None, out_dt=np.float32,
+               guard=False):
     """Every workgroup of one grouped matmul (as test_cpu_mxint8.run_matmul: experts 0.. get ``rows`` rows each, then
     ``idle`` rows of no expert, at the slots of a random permutation; x row s is slot s's): (the results in sorted
     order, the sorted rows' activations, their experts). The packed buffer has exactly S rows, so the last item's
-    tiles run past it."""
+    tiles run past it; ``guard``: and it ends at an inaccessible page."""
     E, N, Kh = w.shape
     K = 2 * Kh
     S = sum(rows) + idle
@@ -114,6 +134,8 @@ def run_matmul(lib, x, w, s, bias, rows, tile_n=64, deinterleave=False, idle=0, 
                                                cpu_ukernel.row_chunk(cpu_ukernel.BF16_ROWS16))
     sorted_ids = slot_ids[order]
     xq = pack(lib, np.ascontiguousarray(x[order][:sum(rows)]), S, info, counts)
+    if guard:
+        xq = guarded(xq)
     wst, sst = swizzle.rows16_swizzle(w), swizzle.rows16_scales(s)
     out = np.full((S, N // 2 if glu else N), np.nan, np.float32).astype(out_dt if glu else np.float32)
     b = np.zeros(1, np.float32) if bias is None else bias
@@ -165,6 +187,20 @@ def test_matmul_matches_float64(lib, N, K, rows):
     x = bf16(x)
     out, xd, ids = run_matmul(lib, x, w, s, bias, rows, idle=2)
     assert_float64(out, xd, ids, w, s, bias)
+
+
+@pytest.mark.parametrize("rows", [(64,), (70,), (3, 33), (5, 16), (1,), (100, 17)])
+def test_no_tile_reads_past_the_packed_rows(lib, rows):
+    """The packed buffer ends at an inaccessible page and the last item ends it (no idle rows): whole bands, a last
+    band of 6 or 1 or 4 rows, one row group of 16 or of 1 row (its tile configured to the item's rows). The last
+    block's tiles that would run past the end read a zero-filled copy; none faults."""
+    rng = np.random.default_rng(len(rows) + rows[-1])
+    E, N, K = len(rows), 32, 96
+    w = rng.integers(0, 256, (E, N, K // 2), dtype=np.uint8)
+    s = rng.integers(115, 135, (E, N, K // 32), dtype=np.uint8)
+    x = bf16(rng.standard_normal((sum(rows), K)).astype(np.float32))
+    out, xd, ids = run_matmul(lib, x, w, s, None, rows, guard=True)
+    assert_float64(out, xd, ids, w, s)
 
 
 def test_every_code_nan_scale_and_small_values(lib):
