@@ -165,14 +165,29 @@ def bf16_layout(flavor: str) -> str:
     return asked
 
 
-def shared_library(flavor: str, path: str | Path, defines: tuple[str, ...] = ()):
-    """The microkernels of ``flavor`` built as a shared library at ``path`` and loaded (``ctypes.CDLL``), to call the
-    entry points from Python (the tests, benchmarks): each memref argument as :func:`memref_args`, then the sizes."""
+def shared_library(flavor: str, defines: tuple[str, ...] = ()):
+    """The microkernels of ``flavor`` (with extra ``-D`` ``defines``) built as a shared library and loaded
+    (``ctypes.CDLL``), to call the entry points from Python (the tests, benchmarks): each memref argument as
+    :func:`memref_args`, then the sizes. Cached as the module objects are, by the sources, compiler and flags (each
+    build takes seconds, and several test files load the same flavors)."""
     import ctypes
 
-    flags = [f for f in BASE_CFLAGS + FLAVORS[flavor][1] if f != "-fvisibility=hidden"]
-    subprocess.run([_compiler(), *flags, *defines, "-shared", str(SOURCE), "-o", str(path)], check=True)
-    return ctypes.CDLL(str(path))
+    cc = _compiler()
+    flags = [f for f in BASE_CFLAGS + FLAVORS[flavor][1] if f != "-fvisibility=hidden"] + list(defines)
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags]).encode()).hexdigest()[:20]
+    out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}.so"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *flags, "-shared", str(SOURCE), "-o", tmp], check=True)
+            os.replace(tmp, out)  # atomic: a concurrent build sees a whole library or none
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return ctypes.CDLL(str(out))
 
 
 def memref_args(a) -> list:

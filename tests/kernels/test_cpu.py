@@ -51,11 +51,11 @@ class Kernel(tuple):
 
 
 @pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
-def kernel(request, tmp_path_factory):
+def kernel(request):
     """The C file built as a shared library in one flavor."""
     if ukernels.matvec_object().path is None or request.param == "none":
         pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
-    so = ukernels.shared_library(request.param, tmp_path_factory.mktemp("uk") / f"mxfp4_matvec-{request.param}.so")
+    so = ukernels.shared_library(request.param)
     k = Kernel((getattr(so, ukernels.MATVEC_SYMBOL), getattr(so, ukernels.QUANTIZE_SYMBOL),
                 getattr(so, ukernels.GROUP_SYMBOL)))
     k.flavor, k.bf16 = request.param, request.param in ukernels.BF16_FLAVORS

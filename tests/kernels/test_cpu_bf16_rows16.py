@@ -34,15 +34,11 @@ BF16_FLAVORS = [f for f in ukernels.host_flavors() if f in ukernels.BF16_FLAVORS
 
 
 @pytest.fixture(scope="module", params=BF16_FLAVORS or ["none"])
-def lib(request, tmp_path_factory):
+def lib(request):
     """The C file built as a shared library in one AVX512-BF16 flavor."""
     if request.param == "none":
         pytest.skip("the host runs no AVX512-BF16 flavor")
-    return _build(request.param, tmp_path_factory)
-
-
-def _build(flavor: str, tmp_path_factory):
-    return ukernels.shared_library(flavor, tmp_path_factory.mktemp("ukb") / f"bf16_rows16-{flavor}.so")
+    return ukernels.shared_library(request.param)
 
 
 def glu_args(glu: tuple | None, out_dt=np.float32) -> list:
@@ -258,12 +254,12 @@ def test_glu_epilogue_is_the_reference_glu(lib, out, interleaved, glu_io):
         assert (got[61:].astype(np.float32) == 0).all()  # the slots with no expert
 
 
-def test_the_tile_path_and_the_vdpbf16ps_path_agree(tmp_path_factory):
+def test_the_tile_path_and_the_vdpbf16ps_path_agree():
     """On an AMX host: both paths of the avx512amx build (the tiles, and vdpbf16ps where the kernel refuses them, as
     built in the avx512bf16 flavor) give the same results within the f32 summation order."""
     if "avx512amx" not in BF16_FLAVORS or "avx512bf16" not in BF16_FLAVORS:
         pytest.skip("needs a host with AMX tiles")
-    amx, avx = _build("avx512amx", tmp_path_factory), _build("avx512bf16", tmp_path_factory)
+    amx, avx = ukernels.shared_library("avx512amx"), ukernels.shared_library("avx512bf16")
     rng = np.random.default_rng(4)
     w = rng.integers(0, 256, (3, 64, 144), dtype=np.uint8)
     s = rng.integers(115, 135, (3, 64, 9), dtype=np.uint8)

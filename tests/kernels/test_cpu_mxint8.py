@@ -43,25 +43,23 @@ def glu_args(glu: tuple | None, out_dt=np.float32) -> list:
     return [ctypes.c_size_t(v) for v in cpu_ukernel.glu_scalars(glu, el)]
 
 
-def _build(flavor: str, tmp_path_factory, *defines: str):
+def _build(flavor: str, *defines: str):
     if ukernels.matvec_object().path is None or flavor == "none":
         pytest.skip(f"no microkernel on this host: {ukernels.matvec_object().reason}")
-    return ukernels.shared_library(flavor, tmp_path_factory.mktemp("uk8") / f"mxint8-{flavor}{''.join(defines)}.so",
-                                   defines)
+    return ukernels.shared_library(flavor, defines)
 
 
 @pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
-def lib(request, tmp_path_factory):
+def lib(request):
     """The C file built as a shared library in one flavor."""
-    return _build(request.param, tmp_path_factory)
+    return _build(request.param)
 
 
 @pytest.fixture(scope="module", params=HOST_FLAVORS or ["none"])
-def lib_pair(request, tmp_path_factory):
+def lib_pair(request):
     """One flavor built as is and with the block scales always multiplied (``MXMOE_R16_SLOW_ONLY``: no
     exponent-add form), to check the two forms give the same bits."""
-    return _build(request.param, tmp_path_factory), _build(request.param, tmp_path_factory,
-                                                            "-DMXMOE_R16_SLOW_ONLY")
+    return _build(request.param), _build(request.param, "-DMXMOE_R16_SLOW_ONLY")
 
 
 def c_quantize(lib, x: np.ndarray, kind: int = KIND_F32, rows_per_wg: int = 3, form: str = "mxint8"):
