@@ -205,7 +205,11 @@ static void bf16r16_groups_amx(const bf16r16_call_t *c, float (*res)[BF16R16_MAX
   for (size_t i = 0; i < ng; ++i) w[i] = c->w[i], sc[i] = c->s[i];
   const size_t end = c->S * 32 * nb;
   uint16_t tail[2][16 * 32];
-  __m512i bt[2][4][16];
+  /* the two blocks' B tiles, 512 bytes into their stack buffer: where the frame put them at its start, the harness
+   * streamed one row's weights from DRAM 4-6% slower (fragile stack-layout effects, likely 4 KB aliasing with the
+   * row's A tiles; benchmarks/cpu_amx.c dram, R=1) */
+  __m512i bt_buf[2 * 4 * 16 + 8];
+  __m512i(*const bt)[4][16] = (__m512i(*)[4][16])(bt_buf + 8);
   /* OP(tile, arg) on C tile t (the intrinsics take constant tile numbers) */
 #define R16_C(OP, t, arg)         \
   switch (t) {                    \
