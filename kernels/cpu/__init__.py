@@ -139,7 +139,7 @@ def matvec_object() -> Ukernel:
     if cc is None:
         return Ukernel(None, "no C compiler found (set MXMOE_CC or CC, or install cc/gcc/clang)")
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        version = _compiler_version(cc)
     except (OSError, subprocess.SubprocessError) as e:
         return Ukernel(None, f"C compiler {cc} does not run ({e})")
     failure = None
@@ -168,26 +168,13 @@ def bf16_layout(flavor: str) -> str:
 def shared_library(flavor: str, defines: tuple[str, ...] = ()):
     """The microkernels of ``flavor`` (with extra ``-D`` ``defines``) built as a shared library and loaded
     (``ctypes.CDLL``), to call the entry points from Python (the tests, benchmarks): each memref argument as
-    :func:`memref_args`, then the sizes. Cached as the module objects are, by the sources, compiler and flags (each
-    build takes seconds, and several test files load the same flavors)."""
+    :func:`memref_args`, then the sizes. Cached as the module objects are (:func:`_compile_cached`: each build takes
+    seconds, and several test files load the same flavors)."""
     import ctypes
 
     cc = _compiler()
     flags = [f for f in BASE_CFLAGS + FLAVORS[flavor][1] if f != "-fvisibility=hidden"] + list(defines)
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags]).encode()).hexdigest()[:20]
-    out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}.so"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            subprocess.run([cc, *flags, "-shared", str(SOURCE), "-o", tmp], check=True)
-            os.replace(tmp, out)  # atomic: a concurrent build sees a whole library or none
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return ctypes.CDLL(str(out))
+    return ctypes.CDLL(str(_compile_cached(cc, _compiler_version(cc), flavor, flags, "-shared", ".so")))
 
 
 def memref_args(a) -> list:
@@ -215,12 +202,42 @@ def group_slots(fn, ids, num_experts: int, chunk: int = 64):
     return order[:S], info, counts
 
 
-def _build(cc: str, version: str, flavor: str) -> Ukernel:
-    flags = BASE_CFLAGS + FLAVORS[flavor][1]
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    """``cc --version`` (part of the build cache's key)."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def _compile_cached(cc: str, version: str, flavor: str, flags: list[str], mode: str, suffix: str) -> Path:
+    """SOURCE compiled with ``flags`` and ``mode`` ("-c": an object, "-shared": a library) into the cache, under a
+    name keyed by the sources, the compiler and the flags; the file's path. Raises OSError or
+    subprocess.SubprocessError (CalledProcessError with the compiler's stderr) when the build fails."""
     key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags]).encode()).hexdigest()[:20]
-    out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}.o"
+    out = _cache_dir() / f"mxfp4_matvec-{flavor}-{key}{suffix}"
     if out.is_file():
-        return Ukernel(str(out), flavor=flavor)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *flags, mode, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300,
+                       check=True)
+        os.replace(tmp, out)  # atomic: a concurrent build sees a whole file or none
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _build(cc: str, version: str, flavor: str) -> Ukernel:
+    try:
+        out = _compile_cached(cc, version, flavor, list(BASE_CFLAGS + FLAVORS[flavor][1]), "-c", ".o")
+    except subprocess.CalledProcessError as e:
+        first = next((ln for ln in e.stderr.splitlines() if "error" in ln), e.stderr.strip()[:200])
+        return Ukernel(None, f"{cc} failed on {SOURCE.name}: {first}", flavor)
+    except (OSError, subprocess.SubprocessError) as e:
+        return Ukernel(None, f"building {SOURCE.name} failed ({e})", flavor)
+    return Ukernel(str(out), flavor=flavor)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".o", dir=out.parent)
