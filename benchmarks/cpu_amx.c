@@ -42,6 +42,8 @@ int main(int argc, char **argv) {
   const size_t E = dram ? 64 : 1, n = dram ? 2880 : 256, k = 2880, nb = k / 32;
   const int calls = getenv("CALLS") ? atoi(getenv("CALLS")) : dram ? 64 : 200;
   const size_t R0 = getenv("R") ? (size_t)atoi(getenv("R")) : 0;
+  if (R0 > BF16R16_MAX_ROWS) /* the rows16 form's largest item (and the harness's order buffer) */
+    return printf("R=%zu: the rows16 form's items hold at most %d rows\n", R0, BF16R16_MAX_ROWS), 1;
   uint8_t *w = malloc(E * n * k / 2), *s = malloc(E * n * nb);
   for (size_t i = 0; i < E * n * k / 2; ++i) w[i] = (uint8_t)rand();
   for (size_t i = 0; i < E * n * nb; ++i) s[i] = (uint8_t)(120 + rand() % 10);
