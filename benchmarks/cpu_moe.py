@@ -113,8 +113,9 @@ def set_threads(threads: int, runtime_flags: list[str] = ()) -> None:
 # ------------------------------------------------------------------------------------------ layers
 def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k with ties to the lower expert index: mxmoe's rule (bf16 logits tie often at 512 tokens)."""
-    vals, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-    return vals[:, :k], ids[:, :k]
+    from mxmoe.torch_frontend.ties import top_k
+
+    return top_k(x, k)
 
 
 class TorchBaseline:

@@ -34,24 +34,12 @@ def rss_bytes():
     return _rss_bytes
 
 
-def _near_tie_tokens(logits, k: int):
-    """Tokens whose k-th and (k+1)-th logits are within 2 bf16 ulps (fp32 logits: 2^-13 relative, past what
-    another summation order of an fp32 dot changes): a difference in how the router's dot product is summed
-    may legitimately pick the other expert there."""
-    import torch
-
-    top = logits.float().topk(min(k + 1, logits.shape[1]), dim=-1).values
-    if top.shape[1] <= k:
-        return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    bits = 13 if logits.dtype == torch.float32 else 7
-    ulp = torch.exp2(torch.floor(torch.log2(top[:, k - 1].abs().clamp_min(1e-30))) - bits)
-    return (top[:, k - 1] - top[:, k]) <= 2 * ulp
-
-
 @pytest.fixture
 def near_tie_tokens():
     """``near_tie_tokens(logits [T, E], k)`` -> bool [T]: tokens whose routing may legitimately differ."""
-    return _near_tie_tokens
+    from mxmoe.torch_frontend.ties import near_tie_tokens as tokens
+
+    return tokens
 
 
 def _widen_scales(layer, seed: int = 0):

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from mxmoe.core.config import ACTIVATIONS, MXFP4_BLOCK, RENORMALIZABLE, ROUTINGS
 from mxmoe.torch_frontend.mxfp4 import dequantize
+from mxmoe.torch_frontend.ties import top_k as _top_k_stable
 
 _LIB = "mxmoe"
 
@@ -73,11 +74,6 @@ def route(logits: Tensor, top_k: int, routing: str, renormalize: bool, score_bia
     if scaling != 1.0:
         weights = weights * scaling
     return weights, ids.to(torch.int32)
-
-
-def _top_k_stable(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    vals, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-    return vals[:, :k], ids[:, :k]
 
 
 def _sigmoid(x: Tensor) -> Tensor:
