@@ -24,6 +24,7 @@ from mxmoe.kernels.triton.kernels import arg_names
 from mxmoe.kernels.triton.tile_config import (MID_WIDE_ROWS_PER_EXPERT, PREFILL_ROWS_PER_EXPERT, TileConfig,
                                               class_config, shape_classes)
 from mxmoe.runtime.triton_executor import TritonExecutor
+from mxmoe.torch_frontend import ties
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE, MODE = ("cuda", "jit") if HAS_CUDA else ("cpu", "interpret")
@@ -56,9 +57,9 @@ def dequantize(w, s):
 def reference_route(logits, top_k, routing="topk_softmax", renormalize=False):
     logits = logits.float()
     if routing == "topk_softmax":
-        top, ids = logits.topk(top_k, dim=1)
+        top, ids = ties.top_k(logits, top_k)
         return torch.softmax(top, dim=1), ids.int()
-    top, ids = torch.softmax(logits, dim=1).topk(top_k, dim=1)
+    top, ids = ties.top_k(torch.softmax(logits, dim=1), top_k)
     if renormalize:
         top = top / top.sum(1, keepdim=True)
     return top, ids.int()
@@ -206,7 +207,7 @@ def router_executor(logits, top_k, routing="topk_softmax", renormalize=False, H=
                                                  ("softmax_topk", True)])
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 @pytest.mark.parametrize("num_tokens,num_experts", [(1, 8), (17, 8), (70, 32), (5, 6)])
-def test_routing_matches_torch_topk(routing, renormalize, top_k, num_tokens, num_experts):
+def test_routing_matches_the_reference_top_k(routing, renormalize, top_k, num_tokens, num_experts):
     """The routing launches of the class of T: the fused few-token router (1, 5, 17 tokens) and router_gemm +
     route_partials (70 tokens, sparse class)."""
     logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(top_k))
