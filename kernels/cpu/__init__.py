@@ -238,17 +238,3 @@ def _build(cc: str, version: str, flavor: str) -> Ukernel:
     except (OSError, subprocess.SubprocessError) as e:
         return Ukernel(None, f"building {SOURCE.name} failed ({e})", flavor)
     return Ukernel(str(out), flavor=flavor)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".o", dir=out.parent)
-        os.close(fd)
-        proc = subprocess.run([cc, *flags, "-c", str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                              timeout=300)
-        if proc.returncode != 0:
-            os.unlink(tmp)
-            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
-            return Ukernel(None, f"{cc} failed on {SOURCE.name}: {first}", flavor)
-        os.replace(tmp, out)  # atomic: a concurrent compile sees a whole object or none
-    except (OSError, subprocess.SubprocessError) as e:
-        return Ukernel(None, f"building {SOURCE.name} failed ({e})", flavor)
-    return Ukernel(str(out), flavor=flavor)

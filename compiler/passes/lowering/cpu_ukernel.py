@@ -67,6 +67,7 @@ def row_chunk(form: int) -> int:
     """The most rows of one expert in a work item of the matmul of ``form``."""
     return ROW_CHUNK_BF16_ROWS16 if form == BF16_ROWS16 else ROW_CHUNK
 
+
 #: per form: the quantizer's and the matmul's symbols
 _SYMBOLS = {0: (QUANTIZE_SYMBOL, MATVEC_SYMBOL), 1: (MXINT8_QUANTIZE_SYMBOL, ROWS16_SYMBOL),
             2: (MXINT16_QUANTIZE_SYMBOL, ROWS16X2_SYMBOL), BF16_ROWS16: (BF16_ROWS16_PACK_SYMBOL, BF16_ROWS16_SYMBOL)}
