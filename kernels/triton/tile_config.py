@@ -160,6 +160,10 @@ def is_few_tokens(max_tokens: int | None) -> bool:
 #: tokens 3% (20b) and 1% (120b) faster than K=128 / 3 stages on the w13 GEMM, 8% and 7% on the w2 GEMM (JIT
 #: sweep on the H100 with Triton 3.6, 2026-11-25; benchmarks/gpu_moe.py --sweep). Prefill walks its row blocks in
 #: groups of 4 (GROUP_M, as large) where its activation rows overflow L2: HOPPER_GROUPED_PREFILL_BYTES.
+#: Large takes K steps of 128 in 3 stages (2026-11-29, H200, Triton 3.9 cubins, whole layer, two alternations against
+#: K=64 / 4 stages): gpt-oss-20b at 4096 / 16384 tokens 2-6% / 2-3% faster (1987 / 6682-6728 against 2058-2064 /
+#: 6874-6927 us uniform), gpt-oss-120b at 16384 level to 7% (skewed 7413-7460 against 7711-8021), and the untuned
+#: shapes E,k,H,I = 8,2,4096,14336 at 4096 tokens and 128,8,4096,1536 at 16384 5-7%.
 HOPPER_TILES = {
     "gemv": (16, 64, 256, 4, 3, 0, False),
     "decode": (16, 64, 256, 4, 3, 0, False),
@@ -167,7 +171,7 @@ HOPPER_TILES = {
     "mid": (64, 128, 64, 4, 4, 0, False),
     "mid_wide": (128, 128, 64, 8, 4, 0, False),
     "prefill": (128, 128, 64, 8, 4, 4, False),
-    "large": (256, 128, 64, 8, 4, 4, False),
+    "large": (256, 128, 128, 8, 3, 4, False),
 }
 
 #: The Hopper prefill class keeps its grouped launch order (HOPPER_TILES) only when the smallest batch of the class
@@ -185,6 +189,14 @@ HOPPER_GROUPED_PREFILL_BYTES = 64 << 20
 #: split was 4% slower; the w13 GEMM gained nothing from splitting (and would need its GLU after the sum).
 HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 
+
+#: From this reduction depth the Hopper mid_wide class's w2 GEMM (K = I) takes K steps of 128 in 3 stages instead of
+#: 64 in 4: each step's fixed work (the scale tile's trip, barriers, MMA waits) is then spread over twice the MMAs.
+#: H200, 2026-11-29, Triton 3.9 cubins, whole layer, two alternations: E,k,H,I = 8,2,4096,14336 (I = 14336) at 512 /
+#: 768 tokens 5-6% / 7-12% faster (1008 against 1076-1078 us uniform at 512, in CUDA graphs); the w13 GEMM (K = H =
+#: 4096) so tiled only 2% faster, and gpt-oss's (I = 2880) both GEMMs so tiled were 10-25% slower. Measured on that
+#: one deep shape only.
+HOPPER_DEEP_K = 8192
 
 #: Classes whose Hopper GEMMs run an expert's last row block, when it holds at most this many rows, with MMAs this
 #: narrow (``TileConfig.TAIL_M``). H200, 2026-11-28, Triton 3.9 cubins, whole layer, one round against the same
@@ -222,6 +234,8 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
             group_m = 0
         if gemm == "combine":
             split_k = HOPPER_COMBINE_SPLIT_K.get(name, 1)
+            if name == "mid_wide" and K >= HOPPER_DEEP_K:
+                block_k, stages = 128, 3
     elif name == "gemv":
         # About one row per expert: keep BLOCK_M at the MMA minimum, spread the weight stream over many
         # small CTAs (narrow N, 2 warps) and issue long K loads.

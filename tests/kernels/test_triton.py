@@ -815,6 +815,12 @@ def test_class_tiles(target):
     assert tiles(256)[0].BLOCK_M == 32 and tiles(257)[0].BLOCK_M == 64
     assert tiles(1024, E=128)[0].BLOCK_M == 32
     assert (tiles(4096)[0].BLOCK_M, tiles(4096)[0].GROUP_M) == (256, 4)
+    # sm_90: large takes K steps of 128 in 3 stages; mid_wide's w2 GEMM too where its K (= I) is deep (HOPPER_DEEP_K)
+    assert [(t.BLOCK_K, t.num_stages) for t in tiles(4096)] == ([(128, 3)] * 2 if target == SM90 else [(64, 4)] * 2)
+    mixtral = tiles(512, E=8, k=2, H=4096, I=14336)  # 128 rows per expert: mid_wide on sm_90
+    assert [(t.BLOCK_K, t.num_stages) for t in mixtral] == (
+        [(64, 4), (128, 3)] if target == SM90 else [(64, 4)] * 2)
+    assert [t.BLOCK_K for t in tiles(1024)] == [64, 64]  # gpt-oss's mid_wide (I = 2880)
     # 128 experts: on sm_90 mid's 64-row tiles up to 96 rows per expert (3072 tokens), mid_wide's 128-row ones with
     # 64-row tails to 128 rows (4096), then prefill's 128
     assert tiles(3072, E=128)[0].BLOCK_M == (64 if target == SM90 else 128)
