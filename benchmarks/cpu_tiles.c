@@ -1,6 +1,7 @@
 /* What the tile unit's instructions cost on this host (one thread, cycles at 4.0 GHz): TDPBF16PS back to back on
  * tiles in registers, TILELOADD of 1 KB from L1, and the two alternating with the loads from L1 or from a 64 KB ring
- * (past L1), as the AMX GEMMs of kernels/cpu run them.  An AMX host only.  Build:
+ * (past L1), as the AMX GEMMs of kernels/cpu run them; then LDTILECFG, and TDPBF16PS with half of them on 8-row A and
+ * C tiles (what configuring a partly filled row group with only its rows would save).  An AMX host only.  Build:
  *   cc -O2 -march=native -mamx-tile -mamx-bf16 benchmarks/cpu_tiles.c -o /tmp/t && /tmp/t */
 #include <immintrin.h>
 #include <stdio.h>
@@ -21,4 +22,9 @@ int main(void){
   t0=now(); for(int i=0;i<N;++i){_tile_loadd(4,buf[(2*i)&63],64);_tile_dpbf16ps(0,4,6);_tile_loadd(5,buf[(2*i+1)&63],64);_tile_dpbf16ps(1,5,6);} printf("load+tdp (64 KB ring): %.1f cycles/tdp\n",(now()-t0)*4e9/(2.0*N));
   t0=now(); for(int i=0;i<N;++i){_tile_loadd(4,buf[2],64);_tile_dpbf16ps(0,4,6);_tile_loadd(5,buf[3],64);_tile_dpbf16ps(1,5,6);} printf("load+tdp (L1 2 KB): %.1f cycles/tdp\n",(now()-t0)*4e9/(2.0*N));
   t0=now(); for(int i=0;i<N;++i){_tile_loadd(4,buf[2],64);_tile_dpbf16ps(0,4,6);_tile_dpbf16ps(1,4,7);_tile_loadd(5,buf[3],64);_tile_dpbf16ps(2,5,6);_tile_dpbf16ps(3,5,7);} printf("1 load per 2 tdp (L1): %.1f cycles/tdp\n",(now()-t0)*4e9/(4.0*N));
+  cfg_t h=c; h.rows[1]=h.rows[3]=h.rows[5]=8;
+  t0=now(); for(int i=0;i<N;++i) _tile_loadconfig(i&1?&c:&h); printf("ldtilecfg: %.1f cycles\n",(now()-t0)*4e9/N);
+  _tile_loadconfig(&h); _tile_loadd(6,buf[0],64); _tile_loadd(7,buf[1],64); _tile_loadd(4,buf[2],64); _tile_loadd(5,buf[3],64);
+  _tile_zero(0);_tile_zero(1);_tile_zero(2);_tile_zero(3);
+  t0=now(); for(int i=0;i<N;++i){_tile_dpbf16ps(0,4,6);_tile_dpbf16ps(1,5,6);_tile_dpbf16ps(2,4,7);_tile_dpbf16ps(3,5,7);} printf("tdp, half on 8-row tiles: %.1f cycles/tdp\n",(now()-t0)*4e9/(4.0*N));
   _tile_release(); return 0; }
