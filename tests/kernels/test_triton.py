@@ -990,6 +990,19 @@ def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
     check_forward(TritonExecutor(plan, ex.params, device=DEVICE, mode=MODE), spec, weights, x, near_tie_tokens)
 
 
+def test_mid_wide_k_steps_of_128_match_reference(near_tie_tokens):
+    """mid_wide's w2 GEMM with K steps of 128 (what layers of I >= HOPPER_DEEP_K run; this I = 160 makes the second
+    step half past K), with its 64-row tails: the large class's K step on mid_wide's 128-row tiles."""
+    spec, weights, x, arch = forward_case("t500_sm90_mid_wide")
+    ex = executor(spec, weights, arch)
+    cls = ex.kernel_plan.shape_class(x.shape[0])
+    assert cls.name == "mid_wide"
+    gemms = [lc.kernel for lc in cls.launches if ex.kernel_plan.kernels[lc.kernel].kernel in ("glu_gemm", "combine_gemm")]
+    assert {ex.kernel_plan.kernels[g].constexprs["BLOCK_K"] for g in gemms} == {64}
+    plan = ex.kernel_plan.replace_constexprs({g: {"BLOCK_K": 128} for g in gemms})
+    check_forward(TritonExecutor(plan, ex.params, device=DEVICE, mode=MODE), spec, weights, x, near_tie_tokens)
+
+
 # ---------------------------------------------------------------- GPU only
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
