@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* Buffers as the layer's dispatches get them: IREE binds 64-byte aligned buffers (`stream.alignment = 64`); a
+ * plain malloc of these sizes is 16 bytes past a page, which splits every 64-byte row of a tile load in two. */
+static void *buffer(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -44,7 +48,7 @@ int main(int argc, char **argv) {
   const size_t R0 = getenv("R") ? (size_t)atoi(getenv("R")) : 0;
   if (R0 > BF16R16_MAX_ROWS) /* the rows16 form's largest item (and the harness's order buffer) */
     return printf("R=%zu: the rows16 form's items hold at most %d rows\n", R0, BF16R16_MAX_ROWS), 1;
-  uint8_t *w = malloc(E * n * k / 2), *s = malloc(E * n * nb);
+  uint8_t *w = buffer(E * n * k / 2), *s = buffer(E * n * nb);
   for (size_t i = 0; i < E * n * k / 2; ++i) w[i] = (uint8_t)rand();
   for (size_t i = 0; i < E * n * nb; ++i) s[i] = (uint8_t)(120 + rand() % 10);
   if (amx_permission() != 0) return printf("no AMX tile state\n"), 1;
@@ -52,8 +56,8 @@ int main(int argc, char **argv) {
          "| AMX GFLOP/s | AMX GB/s | err AMX | err vdpbf16ps\n",
          dram ? "weights from DRAM (64 experts of 2880 x 2880)" : "weights in L2 (256 x 2880)", calls);
   for (size_t R = R0 ? R0 : 1; R <= (R0 ? R0 : 64); R = R < 4 ? R + 1 : R < 16 ? R + 4 : R * 2) {
-    float *out[3] = {malloc(R * n * 4), malloc(R * n * 4), malloc(R * n * 4)};
-    uint16_t *xb = malloc(R * k * 2), *xq = malloc(R * 64 * row_pairs(nb) * 2), *xr = malloc((R + 16) * k * 2);
+    float *out[3] = {buffer(R * n * 4), buffer(R * n * 4), buffer(R * n * 4)};
+    uint16_t *xb = buffer(R * k * 2), *xq = buffer(R * 64 * row_pairs(nb) * 2), *xr = buffer((R + 16) * k * 2);
     for (size_t i = 0; i < R * k; ++i) {
       union { float f; uint32_t u; } v = {(float)rand() / RAND_MAX - 0.5f};
       xb[i] = (uint16_t)(v.u >> 16);

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* Buffers as the layer's dispatches get them: IREE binds 64-byte aligned buffers (`stream.alignment = 64`); a
+ * plain malloc of these sizes is 16 bytes past a page, which splits every 64-byte row of a tile load in two. */
+static void *buffer(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -19,19 +23,19 @@ static double now(void) {
 /* form: 0 the bf16 / int16 one, 1 MXINT8, 2 mxint16 */
 static double run(int form, size_t E, size_t n, size_t k, size_t R, int calls) {
   const size_t nb = k / 32;
-  uint8_t *w = malloc(E * n * k / 2), *s = malloc(E * n * nb);
+  uint8_t *w = buffer(E * n * k / 2), *s = buffer(E * n * nb);
   for (size_t i = 0; i < E * n * k / 2; ++i) w[i] = (uint8_t)rand();
   for (size_t i = 0; i < E * n * nb; ++i) s[i] = (uint8_t)(120 + rand() % 10);
-  float *x = malloc(R * k * 4), *out = malloc(R * n * 4);
+  float *x = buffer(R * k * 4), *out = buffer(R * n * 4);
   for (size_t i = 0; i < R * k; ++i) x[i] = (float)rand() / RAND_MAX - 0.5f;
   int32_t order[64], counts[2] = {1, (int32_t)R};
   for (size_t i = 0; i < R; ++i) order[i] = (int32_t)i;
   int64_t info[2];
-  int8_t *q8 = malloc(2 * R * k);
-  float *xs8 = malloc(2 * R * 2 * nb * 4);
-  int16_t *q16 = malloc(R * 64 * row_pairs(nb) * 2);
-  float *xs16 = malloc(R * scale_row(nb) * 4);
-  uint16_t *xb = malloc(R * k * 2);
+  int8_t *q8 = buffer(2 * R * k);
+  float *xs8 = buffer(2 * R * 2 * nb * 4);
+  int16_t *q16 = buffer(R * 64 * row_pairs(nb) * 2);
+  float *xs16 = buffer(R * scale_row(nb) * 4);
+  uint16_t *xb = buffer(R * k * 2);
   for (size_t i = 0; i < R * k; ++i) { union { float f; uint32_t u; } v = {x[i]}; xb[i] = (uint16_t)(v.u >> 16); }
   if (form == 1) mxmoe_mxint8_quantize_rows(M(x, R * k), M(order, R), M(counts, 2), M(q8, R * k), M(xs8, R * 2 * nb), k, 1, KIND_F32, R, 0);
   else if (form == 2) mxmoe_mxint16_quantize_rows(M(x, R * k), M(order, R), M(counts, 2), M(q8, 2 * R * k), M(xs8, 4 * R * nb), k, 1, KIND_F32, R, 0);
