@@ -12,17 +12,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-/* Buffers as the layer's dispatches get them: IREE binds 64-byte aligned buffers (`stream.alignment = 64`); a
- * plain malloc of these sizes is 16 bytes past a page, which splits every 64-byte row of a tile load in two. */
-static void *buffer(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+#include "cpu_harness.h"
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + 1e-9 * t.tv_nsec;
-}
 #define M(p, n) (void *)(p), (void *)(p), (size_t)0, (size_t)(n), (size_t)1
 
 /* row r's output o of expert 0 from the rows16 layout, in float64 */
