@@ -991,8 +991,8 @@ def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
 
 
 def test_mid_wide_k_steps_of_128_match_reference(near_tie_tokens):
-    """mid_wide's w2 GEMM with K steps of 128 (what layers of I >= HOPPER_DEEP_K run; this I = 160 makes the second
-    step half past K), with its 64-row tails: the large class's K step on mid_wide's 128-row tiles."""
+    """mid_wide's GEMMs with K steps of 128 (what its w2 GEMM runs on layers of I >= HOPPER_DEEP_K; this H = 96 / I =
+    160 make the last step partly past K), with its 64-row tails: the large class's K step on mid_wide's 128-row tiles."""
     spec, weights, x, arch = forward_case("t500_sm90_mid_wide")
     ex = executor(spec, weights, arch)
     cls = ex.kernel_plan.shape_class(x.shape[0])
