@@ -23,7 +23,8 @@ from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
 from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
                           PlanOptions, ShapeClass)
-from .tile_config import (GEMV_MAX_TOKENS, MID_WIDE_ROWS_PER_EXPERT, NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT,
+from .tile_config import (GEMV_MAX_TOKENS, HOPPER_LARGE_ROWS_PER_EXPERT, LARGE_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT,
+                          NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT,
                           TileConfig, batch_invariant_config, class_config, fused_cast, is_few_tokens, shape_classes,
                           use_tma, w4a8_config)
 
@@ -48,6 +49,9 @@ SPLIT_ROUTER_MAX_TOKENS = 1024
 #: their own): more programs to load the split sums and pick the top k of a few hundred tokens. H200 2026-11-28, 512
 #: tokens, CUPTI: 16 instead of 32-64 took gpt-oss-120b's launch from 19.2 to 7.8 us, 20b's from 6.8 to 3.1.
 ROUTE_BLOCK_T = 16
+#: One-hot entries (the decode class's largest pair count x the experts, a power of two) from which its router launch
+#: groups from per-block counts, whatever the expert count (:func:`few_token_scatter`): 64 tokens x top-8 x 64 experts
+FEW_TOKEN_SCATTER_ONE_HOT = 32768
 #: Tokens x columns per program of the deterministic combine (``combine_slots``)
 SLOTS_BLOCK_T, SLOTS_BLOCK_H = 16, 256
 #: (token, slot) pairs per program of ``map_ids`` (the modular entry's ids, many tokens)
@@ -191,10 +195,12 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     kernels = _Kernels()
     E, k = (spec.num_experts, spec.top_k) if spec.routed else (1, 1)
     # the Hopper bf16 path's mid class reaches further on layers of many experts (tile_config.PREFILL_ROWS_PER_EXPERT),
-    # the upper part of its range on 128-row tiles (MID_WIDE_ROWS_PER_EXPERT)
+    # with the tiled words the upper part of its range on 128-row tiles (MID_WIDE_ROWS_PER_EXPERT) and large tiles
+    # from fewer rows per expert (HOPPER_LARGE_ROWS_PER_EXPERT)
     hopper_bf16 = arch == 90 and activations == "bf16"
-    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if hopper_bf16 else 0,
-                            MID_WIDE_ROWS_PER_EXPERT if hopper_bf16 and layout.hopper_words else 0)
+    tiled = hopper_bf16 and layout.hopper_words
+    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if hopper_bf16 else 0, MID_WIDE_ROWS_PER_EXPERT if tiled else 0,
+                            HOPPER_LARGE_ROWS_PER_EXPERT if tiled else LARGE_ROWS_PER_EXPERT)
     first_tokens = dict(zip((name for name, _ in classes), [1] + [t + 1 for _, t in classes[:-1]]))
     tiles = {name: _class_tiles(spec, layout, arch, name, options, first_tokens[name]) for name, _ in classes}
     slot_rows = {name: _slot_rows(spec, tiles[name][1], options) for name, _ in classes}
@@ -281,16 +287,19 @@ def few_token_group_chunk(max_pairs: int, experts_pow2: int) -> int:
     return max(16, min(_pow2(max_pairs), 4096 // experts_pow2))
 
 
-def few_token_scatter(max_tokens: int, experts_pow2: int) -> bool:
+def few_token_scatter(max_tokens: int, experts_pow2: int, top_k: int) -> bool:
     """Whether a few-token class's router launch groups from per-block counts (``router_route_scatter``)
     rather than sorting all pairs in the last block routed (``router_route_group``): the decode class with
-    128+ experts. H100, 2026-11-24 ~18:45 (router launch, CUPTI; forwards in two interleaved rounds): for
+    128+ experts, or where sorting its largest batch walks FEW_TOKEN_SCATTER_ONE_HOT or more one-hot entries
+    (pairs x experts). H100, 2026-11-24 ~18:45 (router launch, CUPTI; forwards in two interleaved rounds): for
     gpt-oss-120b at 64 tokens the launch took 10.0 instead of 23.1 us (forward 581 -> 567 us uniform,
     350 -> 338 skewed; 33 tokens 2-3% faster, 8 tokens 9.5 -> 8.5 us); for gpt-oss-20b (32 experts, whose
     [128, 32] sort steps are cheap) the forward was level at 33-64 tokens and ~1 us slower at 8-17 (the
     counts' global round trips), and at 1-4 tokens (one block of at most 16 pairs) sorting is cheaper for
-    both models (120b: 6.9 vs 7.1 us)."""
-    return max_tokens > GEMV_MAX_TOKENS and experts_pow2 >= 128
+    both models (120b: 6.9 vs 7.1 us). 64 experts with top-8 (E,k,H,I = 64,8,2048,1024, H200, 2026-11-29): at 64
+    tokens 10.6 instead of 21.5 us (forward 110 -> 98 us uniform, 124 -> 111 skewed), level at 8 tokens."""
+    return max_tokens > GEMV_MAX_TOKENS and (experts_pow2 >= 128
+                                            or max_tokens * top_k * experts_pow2 >= FEW_TOKEN_SCATTER_ONE_HOT)
 
 
 # ------------------------------------------------------------------------------------ the pieces
@@ -691,7 +700,7 @@ def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
     if spec.num_experts != spec.experts_routed or spec.expert_map is not None or logits_in:
         extra.update(GROUP_EXPERTS=spec.num_experts, HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
     warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
-    if few_token_scatter(max_tokens, experts_pow2):
+    if few_token_scatter(max_tokens, experts_pow2, k):
         fused = kernels.add(f"router_route_scatter.{cls}", "router_route_scatter", args + [
             Arg.buffer("block_counts_ptr", "block_pair_counts"), Arg.buffer("ranks_ptr", "pair_ranks")] + more,
             {**consts, "TOKEN_BLOCKS_POW2": _pow2(-(-max_tokens // block_t)),

@@ -96,22 +96,36 @@ SPARSE_ROWS_PER_EXPERT = 32
 #: expert the half-empty 256-row tiles were 13-30% slower).
 LARGE_ROWS_PER_EXPERT = 512
 
+#: The same on the Hopper path with the tiled words (``shape_classes(..., large_rows_per_expert=)``, the planner), whose
+#: large tiles run an expert's last block of at most 128 rows on 128-row MMAs (``HOPPER_TAIL_M``), so a 256-row tile
+#: with 129-255 rows decodes each weight tile once where two 128-row tiles decoded it twice. H200, 2026-11-29, Triton
+#: 3.9 cubins, whole layer, eager calls, two alternations against large from 512 rows: gpt-oss-20b at 1280-3072 tokens
+#: (160-384 rows) 5-15% faster (2048: 1239-1281 against 1407 us uniform), gpt-oss-120b at 5120-12288 2-8% faster
+#: uniform (8192: 4178-4346 against 4484-4503) and between 5% slower (5120) and 5% faster skewed, E,k,H,I =
+#: 8,2,4096,14336 at 768-1536 tokens (192-384 rows) 7-16% faster.
+HOPPER_LARGE_ROWS_PER_EXPERT = 160
 
-def shape_classes(num_experts: int, top_k: int, mid_rows_per_expert: int = 0,
-                  mid_wide_rows_per_expert: int = 0) -> tuple[tuple[str, int | None], ...]:
+
+def shape_classes(num_experts: int, top_k: int, mid_rows_per_expert: int = 0, mid_wide_rows_per_expert: int = 0,
+                  large_rows_per_expert: int = LARGE_ROWS_PER_EXPERT) -> tuple[tuple[str, int | None], ...]:
     """A layer's shape classes by token count, in order: (name, largest token count of the class or
     None). A kernel plan carries one tile config per class and GEMM; the runtime picks the class from T.
     Where "sparse" ends and "large" starts depends on the layer (rows per expert), so a class whose
     range is empty is left out. ``mid_rows_per_expert``: "mid" runs at least up to that many rows per expert
     (``PREFILL_ROWS_PER_EXPERT`` on the Hopper bf16 path), else to ``MID_MAX_TOKENS`` tokens.
     ``mid_wide_rows_per_expert`` (``MID_WIDE_ROWS_PER_EXPERT`` on that path; 0: none): past that many rows per
-    expert the rest of mid's range is the "mid_wide" class."""
+    expert the rest of mid's range is the "mid_wide" class, and mid's range ends at ``mid_rows_per_expert`` rows
+    per expert even below ``MID_MAX_TOKENS`` tokens (layers of few experts, where 1024 tokens are 256+ rows per
+    expert). "large" starts at ``large_rows_per_expert`` rows per expert (``HOPPER_LARGE_ROWS_PER_EXPERT`` on that
+    path)."""
     if num_experts < 1 or top_k < 1:
         raise ValueError(f"need num_experts >= 1 and top_k >= 1, got {num_experts} and {top_k}")
     sparse_to = min(MID_MAX_TOKENS, SPARSE_ROWS_PER_EXPERT * num_experts // top_k)
     mid_to = max(MID_MAX_TOKENS, mid_rows_per_expert * num_experts // top_k)
+    if mid_rows_per_expert and mid_wide_rows_per_expert:
+        mid_to = mid_rows_per_expert * num_experts // top_k
     narrow_to = min(mid_to, mid_wide_rows_per_expert * num_experts // top_k) if mid_wide_rows_per_expert else mid_to
-    large_from = max(mid_to + 1, -(-LARGE_ROWS_PER_EXPERT * num_experts // top_k))
+    large_from = max(mid_to + 1, -(-large_rows_per_expert * num_experts // top_k))
     bounds = [("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("sparse", sparse_to),
               ("mid", narrow_to), ("mid_wide", mid_to), ("prefill", large_from - 1)]
     classes, previous = [], 0

@@ -95,8 +95,8 @@ def test_interpreted_module_matches_reference(name, near_tie_tokens):
 
 
 def test_prefill_class_and_batched_input(near_tie_tokens):
-    """T > 1024 runs the prefill tiles (BLOCK_M=128), T * k / E >= 512 the large ones (BLOCK_M=256, grouped
-    launch order); a [B, S, H] input comes back as [B, S, H]."""
+    """Past 128 rows per expert (T * k / E; 512 tokens here) sm_90 runs the prefill tiles (BLOCK_M=128), from 160
+    the large ones (BLOCK_M=256, grouped launch order); a [B, S, H] input comes back as [B, S, H]."""
     cfg = _cfg(E=8, k=2, H=64, I=64)
     layer = MoE.random(cfg, seed=1)
     x3 = _x(2 * 3, 64, shape=(2, 3, 64))
@@ -107,7 +107,8 @@ def test_prefill_class_and_batched_input(near_tie_tokens):
         return near_tie_tokens(torch.nn.functional.linear(x, layer.router_weight, layer.router_bias).reshape(
             -1, cfg.num_experts), cfg.top_k)
 
-    x = _x(1100, 64, seed=2).reshape(2, 550, 64)
+    x = _x(600, 64, seed=2).reshape(2, 300, 64)
+    assert cm.kernel_plan["classes"][5]["name"] == "prefill" and cm.kernel_plan["classes"][5]["max_tokens"] >= 600
     _check(cm(x), layer(x), ties(x))
     x = _x(2100, 64, seed=3)  # the "large" class: 256-row tiles in grouped launch order
     _check(cm(x), layer(x), ties(x))
@@ -121,12 +122,12 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     assert plan == cm.kernel_plan
     hopper = target == "cuda:sm_90"
     assert plan["layer"]["layout"] == ("triton-mxfp4-hopper-tiled" if hopper else "mxfp4-rowmajor")
-    # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2; on sm_90 mid's range past
-    # 96 rows per expert on 128-row tiles (mid_wide)
+    # sparse up to 32 rows per expert (T * k / E <= 32), large from 512, with E = 8, k = 2; on sm_90 mid's range ends
+    # at 128 rows per expert, past 96 on 128-row tiles (mid_wide), and large starts at 160
     names = ["gemv", "decode", "sparse", "mid", "mid_wide", "prefill", "large"]
-    bounds = [4, 64, 128, 384, 1024, 2047, None]
+    bounds = [4, 64, 128, 384, 512, 639, None]
     if not hopper:
-        del names[4], bounds[3]
+        names, bounds = names[:4] + names[5:], [4, 64, 128, 1024, 2047, None]
     assert [c["name"] for c in plan["classes"]] == names
     assert [c["max_tokens"] for c in plan["classes"]] == bounds
     sparse = plan["classes"][2]["tiles"]
@@ -168,26 +169,31 @@ def test_plan_is_plain_data_with_classes_and_parameter_bindings(target):
     assert all(c["WIDE_SCALES"] is False for c in gemms if hopper)
     decode_tma = [c["W_TMA"] for c in gemms[2:4]]
     assert decode_tma == ([False, False] if hopper else [True, True])
-    prefill = plan["classes"][names.index("prefill")]
-    kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in prefill["launches"]]
+    # past 1024 tokens (sm_100's prefill, sm_90's large: its prefill ends at 639 tokens, which split the router)
+    many = plan["classes"][-1 if hopper else names.index("prefill")]
+    kernels = [plan["kernels"][launch["kernel"]]["kernel"] for launch in many["launches"]]
     # many tokens: router and routing in one launch (the few-token router's chunks of H: issue #22), grouping
     assert kernels == ["router_route", "chunk_histogram", "chunk_scan", "chunk_scatter", "glu_gemm", "combine_gemm",
                        "cast"]
-    router = plan["kernels"][prefill["launches"][0]["kernel"]]["constexprs"]
+    router = plan["kernels"][many["launches"][0]["kernel"]]["constexprs"]
     assert router["H_PER_SPLIT"] == router["BLOCK_H"] == 64 and router["ROUTER_BLOCK_T"] == 16
-    assert plan["kernels"][prefill["launches"][-2]["kernel"]]["constexprs"]["FUSED_CAST"] is False
+    assert plan["kernels"][many["launches"][-2]["kernel"]]["constexprs"]["FUSED_CAST"] is False
 
 
 def test_decode_class_with_many_experts_groups_from_block_counts():
     """128 experts: the decode class's router launch groups from per-token-block counts, the gemv class's
-    sorts in its one block; with 8 experts both sort (``kernels.triton.planner.few_token_scatter``)."""
-    def router_kernels(E):
-        plan = mxmoe.compile(MoE.random(_cfg(E=E, k=4, H=256), seed=0), target="cuda:sm_90",
+    sorts in its one block; with 8 experts both sort; 64 experts with top-8 group from counts too
+    (``kernels.triton.planner.few_token_scatter``)."""
+    def router_kernels(E, k=4):
+        plan = mxmoe.compile(MoE.random(_cfg(E=E, k=k, H=256), seed=0), target="cuda:sm_90",
                              interpret=True).kernel_plan
         return {c["name"]: plan["kernels"][c["launches"][0]["kernel"]]["kernel"] for c in plan["classes"][:2]}
 
     assert router_kernels(128) == {"gemv": "router_route_group", "decode": "router_route_scatter"}
     assert router_kernels(8) == {"gemv": "router_route_group", "decode": "router_route_group"}
+    # 64 experts: top-8 (64 tokens x 8 slots x 64 experts one-hot entries to sort) groups from counts, top-4 sorts
+    assert router_kernels(64, 8)["decode"] == "router_route_scatter"
+    assert router_kernels(64, 4)["decode"] == "router_route_group"
 
 
 @pytest.mark.parametrize("target,arch", [("cuda:sm_90", 90), ("cuda:sm_100", 100)])

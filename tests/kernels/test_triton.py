@@ -21,8 +21,8 @@ from mxmoe.core.bridge import dtype_name, to_numpy, to_torch
 from mxmoe.core.layouts import get_layout
 from mxmoe.kernels.triton import KernelPlan, LayerSpec, PlanError, StoredWeight, fit_scale_range, plan_layer
 from mxmoe.kernels.triton.kernels import arg_names
-from mxmoe.kernels.triton.tile_config import (MID_WIDE_ROWS_PER_EXPERT, PREFILL_ROWS_PER_EXPERT, TileConfig,
-                                              class_config, shape_classes)
+from mxmoe.kernels.triton.tile_config import (HOPPER_LARGE_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT,
+                                              PREFILL_ROWS_PER_EXPERT, TileConfig, class_config, shape_classes)
 from mxmoe.runtime.triton_executor import TritonExecutor
 from mxmoe.torch_frontend import ties
 
@@ -295,7 +295,7 @@ def test_routing_contract_holds_in_every_class():
         if want is not None:
             assert sorted(alone["expert_ids"][p].tolist()) == want, (p, alone["expert_ids"][p].tolist(), want)
     classes = set()
-    for T in (1, 5, 64, 65, 171, 700, 1025, 2731):
+    for T in (1, 5, 64, 65, 171, 600, 700, 1025, 2731):
         rows = torch.arange(T) * 7 % P  # every pattern, in some order, several times
         bufs = ex.run(patterns[rows].to(DEVICE), kernels=ROUTERS)
         classes.add(ex.kernel_plan.shape_class(T).name)
@@ -493,12 +493,14 @@ def test_grouping_chunks_follow_the_class():
                                          (17, 32, 4, "random"), (40, 128, 4, "random"), (64, 32, 4, "random"),
                                          (64, 128, 4, "random"), (33, 8, 1, "random"), (33, 128, 1, "random"),
                                          (40, 16, 3, "odd_off"), (40, 128, 3, "odd_off"), (50, 8, 2, "one"),
-                                         (50, 128, 2, "one")])
+                                         (50, 128, 2, "one"), (40, 64, 8, "random"), (64, 64, 8, "one"),
+                                         (21, 64, 8, "odd_off")])
 def test_few_token_router_launch_routes_and_groups(T, E, k, case):
     """The few-token router launch: the router split over H (640 = five programs per 16-token block), top-k
     routing per block, and the grouping (sorted in the last block routed: ``router_route_group``; with 128+
     experts in the decode class scattered from per-block counts: ``router_route_scatter``) give the ids of
-    the reference routing and exactly the reference groups and block map. Integer x and router weights plus
+    the reference routing and exactly the reference groups and block map (64 experts with top-8 scatter too: their
+    decode class sorts 64 x 8 pairs over 64 experts). Integer x and router weights plus
     a bias of e/1024 keep every logit exact and distinct (no near-ties)."""
     H = 640
     spec = layer_spec(E, k, H, 32, dtype=torch.float32, bias=False)
@@ -514,7 +516,8 @@ def test_few_token_router_launch_routes_and_groups(T, E, k, case):
     ex = executor(spec, weights, 90)
     launch = ex.kernel_plan.shape_class(T).launches[0]
     router = ex.kernel_plan.kernels[launch.kernel]
-    assert router.kernel == ("router_route_scatter" if T > 4 and E >= 128 else "router_route_group")
+    scatter = T > 4 and (E >= 128 or (E, k) == (64, 8))
+    assert router.kernel == ("router_route_scatter" if scatter else "router_route_group")
     assert router.constexprs["SPLITS"] == 5
     bufs = ex.run(x.to(DEVICE), kernels=ROUTERS)
     weights_ref, ids = reference_route(x @ weights["router_weight"].t() + bias, k)
@@ -807,8 +810,10 @@ def test_class_tiles(target):
     for T in (1, 4, 5, 64, 65, 256, 257, 1024, 2048, 4096, 16384):  # both GEMMs of one forward share BLOCK_M
         w13, w2 = tiles(T)
         assert w13.BLOCK_M == w2.BLOCK_M
-    # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512
-    assert tiles(4095)[0].BLOCK_M == 128 and tiles(4095)[0].GROUP_M == 0
+    # "large" (256-row tiles, grouped launch order) from 512 rows per expert: T*k/E >= 512; on sm_90 from 160
+    # (gpt-oss-20b: 1280 tokens)
+    assert (tiles(4095)[0].BLOCK_M, tiles(4095)[0].GROUP_M) == ((256, 4) if target == SM90 else (128, 0))
+    assert (tiles(1279)[0].BLOCK_M, tiles(1280)[0].BLOCK_M) == ((128, 256) if target == SM90 else (128, 128))
     # sm_90 prefill: grouped launch order where the class's smallest batch has more w2 input rows than L2 holds
     # (gpt-oss-120b from 4097 tokens: 94 MB; gpt-oss-20b from 1025: 24 MB)
     assert [tiles(8192, E=128)[g].GROUP_M for g in (0, 1)] == ([4, 4] if target == SM90 else [0, 0])
@@ -822,12 +827,16 @@ def test_class_tiles(target):
         [(64, 4), (128, 3)] if target == SM90 else [(64, 4)] * 2)
     assert [t.BLOCK_K for t in tiles(1024)] == [64, 64]  # gpt-oss's mid_wide (I = 2880)
     # 128 experts: on sm_90 mid's 64-row tiles up to 96 rows per expert (3072 tokens), mid_wide's 128-row ones with
-    # 64-row tails to 128 rows (4096), then prefill's 128
+    # 64-row tails to 128 rows (4096), then prefill's 128 (to 5119), large from 160 rows (5120)
     assert tiles(3072, E=128)[0].BLOCK_M == (64 if target == SM90 else 128)
     assert [tiles(T, E=128)[0].TAIL_M for T in (3072, 3073, 4096, 4097)] == (
         [0, 64, 64, 0] if target == SM90 else [0] * 4)
     assert tiles(3073, E=128)[0].BLOCK_M == tiles(4096, E=128)[0].BLOCK_M == tiles(4097, E=128)[0].BLOCK_M == 128
+    assert tiles(5120, E=128)[0].BLOCK_M == (256 if target == SM90 else 128)
     assert tiles(16384, E=128)[0].BLOCK_M == 256
+    # 8 experts, top-2 (mixtral's): on sm_90 mid_wide ends at 128 rows per expert (512 tokens), large from 160 (640)
+    assert [tiles(T, E=8, k=2, H=4096, I=14336)[0].BLOCK_M for T in (512, 513, 640, 1024)] == (
+        [128, 128, 256, 256] if target == SM90 else [64, 64, 64, 64])
     assert tiles(1, E=8, k=2, H=96, I=32)[0].BLOCK_N == (32 if target == SM100 else 64)
     assert tiles(2000, E=8, k=2, H=96, I=32)[0].BLOCK_N == 64  # clamped to the (tiny) N = 2I
     assert tiles(1)[1].SPLIT_K == (2 if target == SM90 else 1) and tiles(5)[1].SPLIT_K == 1
@@ -835,7 +844,7 @@ def test_class_tiles(target):
     # of at most 128 rows with 128-row MMAs, mid_wide (20b: 769-1024 tokens) one of at most 64; mid and prefill one
     # width
     assert [tiles(T)[g].TAIL_M for T in (64, 65, 256, 257, 768, 769, 2048, 4096) for g in (0, 1)] == (
-        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 64, 64, 0, 0, 128, 128] if target == SM90 else [0] * 16)
+        [0, 0, 16, 16, 16, 16, 0, 0, 0, 0, 64, 64, 128, 128, 128, 128] if target == SM90 else [0] * 16)
     with pytest.raises(ValueError, match="TAIL_M"):
         TileConfig(32, 64, 128, 4, 3, TAIL_M=32)
     with pytest.raises(ValueError, match="gemm"):
@@ -867,6 +876,13 @@ def test_shape_classes_follow_rows_per_expert():
     assert shape_classes(32, 4, PREFILL_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT)[3:5] == (("mid", 768),
                                                                                         ("mid_wide", 1024))
     assert shape_classes(4, 2, 0, MID_WIDE_ROWS_PER_EXPERT)[2:4] == (("mid", 192), ("mid_wide", 1024))
+    # the tiled Hopper words: large from 160 rows per expert, and on layers of few experts mid's range ends at 128 rows
+    # per expert (mixtral's 8 experts, top-2: 512 tokens) rather than at 1024 tokens
+    hopper = (PREFILL_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT, HOPPER_LARGE_ROWS_PER_EXPERT)
+    assert shape_classes(32, 4, *hopper)[3:] == (("mid", 768), ("mid_wide", 1024), ("prefill", 1279), ("large", None))
+    assert shape_classes(128, 4, *hopper)[4:] == (("mid_wide", 4096), ("prefill", 5119), ("large", None))
+    assert shape_classes(8, 2, *hopper)[2:] == (("sparse", 128), ("mid", 384), ("mid_wide", 512), ("prefill", 639),
+                                                ("large", None))
     bounds = [limit for _, limit in gpt_oss_20b[:-1]]
     assert bounds == sorted(bounds)
     with pytest.raises(ValueError, match="num_experts"):
@@ -894,8 +910,9 @@ FORWARD_CASES = {
     "t200_sm90_mid_concat": (200, 8, 2, 64, 96, SM90, dict(interleaved=False)),
     # mid_wide: 128-row tiles on 8 warps, an expert's last block of <= 64 rows on 64-row MMAs (~125 rows per expert)
     "t500_sm90_mid_wide": (500, 8, 2, 96, 160, SM90, dict()),
-    # 128-row tiles, 8 warps; 256-row tiles in grouped launch order (25 row blocks: the last group of 4 partial)
-    "t1100_sm90_prefill_nobias": (1100, 8, 2, 320, 96, SM90, dict(bias=False)),
+    # 128-row tiles, 8 warps (~150 rows per expert); 256-row tiles in grouped launch order (25 row blocks: the last
+    # group of 4 partial)
+    "t600_sm90_prefill_nobias": (600, 8, 2, 320, 96, SM90, dict(bias=False)),
     "t1100_sm90_large_concat": (1100, 8, 4, 96, 96, SM90, dict(interleaved=False)),
     # the Hopper words in row order (sm_90 artifacts compiled before the tiles)
     "t1_sm90_rows": (1, 8, 2, 96, 160, SM90_ROWS, dict()),
@@ -969,7 +986,7 @@ def test_forward_with_unused_experts(T, target, near_tie_tokens):
 
 @pytest.mark.parametrize("name,tail", [("t70_sm90_sparse", 16), ("t200_sm90_mid_concat", 16),
                                        ("t500_sm90_mid_wide", 64), ("t200_sm90_mid_concat", 32),
-                                       ("t1100_sm90_prefill_nobias", 64),
+                                       ("t600_sm90_prefill_nobias", 64),
                                        ("t1100_sm90_large_concat", 128)])
 def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
     """TAIL_M: both grouped GEMMs of the class run a row block holding at most ``tail`` rows with ``tail``-row MMAs.

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-TOKENS = [1, 7, 64, 333, 1024, 4096, 8192, 16384]
+#: 2048 and 6144: large tiles from 160 rows per expert for gpt-oss-20b and 120b (2048 is mid for 120b)
+TOKENS = [1, 7, 64, 333, 1024, 2048, 4096, 6144, 8192, 16384]
 
 
 def _compiled(name: str, layer):
