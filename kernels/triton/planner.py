@@ -678,8 +678,11 @@ def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
                       kernels: _Kernels) -> tuple[list[Launch], int]:
     """Router, routing and grouping of 1-64 tokens in one launch (``router_route_group``, or with 128+ experts
     in the decode class ``router_route_scatter``: :func:`few_token_scatter`). Each program loads its
-    FEW_TOKEN_ROUTER_H-wide slice of H in one step; 8 warps for 128+ experts (the routing program's [16, 128]
-    top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100. The monolithic entry:
+    FEW_TOKEN_ROUTER_H-wide slice of H in one step; 8 warps for 128+ experts in the decode class (the routing
+    program's [16, 128] top-k and the one-hot grouping): gpt-oss-120b at 8 tokens 17.0 -> 10.8 us on the H100; on the
+    H200 (2026-11-29) 4 warps there were 0.5-7% slower at 8-64 tokens (gpt-oss-120b, E,k,H,I = 128,8,2048,768). The
+    gemv class's [4, 128] tiles take 4: its launch 7.1 -> 6.3 us (gpt-oss-120b) and 8.3 -> 7.6 (128,8,2048,768), the
+    forward 3% faster at 1 token, 1-1.5% at 4. The monolithic entry:
     one program per token block routes the engine's logits (LOGITS_IN), no router."""
     H, k, block_t = spec.hidden, spec.top_k, FEW_TOKEN_ROUTER_BLOCK
     logits_in = spec.entry == "monolithic"
@@ -699,7 +702,7 @@ def _few_token_router(spec: LayerSpec, cls: str, max_tokens: int, bm: int,
     more = [_weight("map_ptr", spec.expert_map, "int32"), _weight("sb_ptr", spec.score_bias)]
     if spec.num_experts != spec.experts_routed or spec.expert_map is not None or logits_in:
         extra.update(GROUP_EXPERTS=spec.num_experts, HAS_MAP=spec.expert_map is not None, LOGITS_IN=logits_in)
-    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 else 4
+    warps = 8 if router_consts["EXPERTS_POW2"] >= 128 and max_tokens > GEMV_MAX_TOKENS else 4
     if few_token_scatter(max_tokens, experts_pow2, k):
         fused = kernels.add(f"router_route_scatter.{cls}", "router_route_scatter", args + [
             Arg.buffer("block_counts_ptr", "block_pair_counts"), Arg.buffer("ranks_ptr", "pair_ranks")] + more,

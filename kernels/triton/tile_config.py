@@ -203,6 +203,15 @@ HOPPER_GROUPED_PREFILL_BYTES = 64 << 20
 #: split was 4% slower; the w13 GEMM gained nothing from splitting (and would need its GLU after the sum).
 HOPPER_COMBINE_SPLIT_K = {"gemv": 2}
 
+#: ...but only where each part keeps at least this many K steps: with fewer, a program's fixed work (its prologue, the
+#: 3-stage pipeline's fill, the partial sums' atomics) outweighs the programs gained. H200, 2026-11-29, Triton 3.9
+#: cubins, whole layer in CUDA graphs, split against unsplit in two alternations, both routings: E,k,H,I =
+#: 64,8,2048,1024 (4 steps of 256: 2 + 2) unsplit 10-11% faster at 1 and 4 tokens (26.0 against 29.0 us at 1 token),
+#: 128,8,4096,1536 (3 + 3) 7-11% (47.8 against 51.5; 4 tokens 117.5 against 131.8), 128,8,2048,768 (2 + 1) 11-13%
+#: (26.3 against 29.6); gpt-oss-20b (I = 2880: 6 + 6) split 3-4% faster (36.6-36.9 against 37.9-38.2). Where between
+#: 3 and 6 steps the split starts to pay is not measured.
+HOPPER_SPLIT_K_MIN_STEPS = 4
+
 
 #: From this reduction depth the Hopper mid_wide class's w2 GEMM (K = I) takes K steps of 128 in 3 stages instead of
 #: 64 in 4: each step's fixed work (the scale tile's trip, barriers, MMA waits) is then spread over twice the MMAs.
@@ -248,6 +257,8 @@ def class_config(name: str, N: int, K: int, arch: int = 90, gemm: str = "glu", h
             group_m = 0
         if gemm == "combine":
             split_k = HOPPER_COMBINE_SPLIT_K.get(name, 1)
+            if -(-K // block_k) < split_k * HOPPER_SPLIT_K_MIN_STEPS:
+                split_k = 1
             if name == "mid_wide" and K >= HOPPER_DEEP_K:
                 block_k, stages = 128, 3
     elif name == "gemv":

@@ -346,11 +346,13 @@ def test_deterministic_and_batch_invariant_plans():
 
 @pytest.mark.parametrize("options", [dict(deterministic=True), dict(batch_invariant=True)])
 def test_deterministic_forward_matches_reference_and_repeats(options, near_tie_tokens):
-    """Slot rows and their slot-order sum against the reference in the gemv class (split K: fp32 partial rows,
-    summed in the combine's last program), decode and mid; the same input twice gives the same bits."""
-    spec = layer_spec(8, 4, 96, 160)
+    """Slot rows and their slot-order sum against the reference in the gemv class (split K where I = 2080 keeps 4+
+    K steps a part: fp32 partial rows, summed in the combine's last program), decode and sparse; the same input twice
+    gives the same bits."""
+    spec = layer_spec(8, 4, 96, 2080)
     weights = random_weights(spec, seed=11)
     ex = options_executor(spec, weights, **options)
+    assert ex.kernel_plan.shape_class(1).tiles["w2"]["SPLIT_K"] == (1 if options.get("batch_invariant") else 2)
     for T in (1, 9, 70):
         x = tokens(T, 96, seed=T + 11)
         check_forward(ex, spec, weights, x, near_tie_tokens)
@@ -896,10 +898,11 @@ FORWARD_CASES = {
     # sm_90 (the tiled Hopper words): 64-row groups in 128-byte chunks along K. H = 96 leaves a 32-row last
     # group and K/2 = 48 one short chunk, K/2 = 80 a 80-byte last chunk (the general address); H = 256 /
     # I = 512 has whole groups and chunks in both GEMMs (the row + column address); the gemv class (1-4 tokens)
-    # splits the w2 GEMM's K in two (I = 160: one 256-deep step, so the second half is empty; I = 512: one step
-    # each) and casts its own tiles; K (96, 160, 320) not a multiple of BLOCK_K; N = H = 96 not a multiple of
+    # casts its own tiles and splits the w2 GEMM's K in two where each part keeps 4+ K steps of 256 (I = 2080: 9
+    # steps, 5 + 4, the last one 32 deep); K (96, 160, 320) not a multiple of BLOCK_K; N = H = 96 not a multiple of
     # BLOCK_N = 64 (a half-empty last tile of whole 16-row groups)
     "t1_sm90": (1, 8, 2, 96, 160, SM90, dict()),
+    "t2_sm90_split_k": (2, 8, 2, 96, 2080, SM90, dict()),
     "t3_sm90_k4_k_chunks": (3, 8, 4, 320, 160, SM90, dict()),
     "t4_sm90_whole_groups_and_chunks": (4, 8, 4, 256, 512, SM90, dict()),
     "t17_sm90_k4_silu_concat": (17, 8, 4, 96, 320, SM90, dict(activation="silu", interleaved=False)),
@@ -948,7 +951,10 @@ def forward_case(name):
 @pytest.mark.parametrize("name", list(FORWARD_CASES))
 def test_forward_matches_reference(name, near_tie_tokens):
     spec, weights, x, arch = forward_case(name)
-    check_forward(executor(spec, weights, arch), spec, weights, x, near_tie_tokens)
+    ex = executor(spec, weights, arch)
+    if name == "t2_sm90_split_k":
+        assert ex.kernel_plan.shape_class(x.shape[0]).tiles["w2"]["SPLIT_K"] == 2
+    check_forward(ex, spec, weights, x, near_tie_tokens)
 
 
 def test_forward_with_a_large_scale_uses_the_wide_decode(near_tie_tokens):
