@@ -346,18 +346,20 @@ def test_deterministic_and_batch_invariant_plans():
 
 @pytest.mark.parametrize("options", [dict(deterministic=True), dict(batch_invariant=True)])
 def test_deterministic_forward_matches_reference_and_repeats(options, near_tie_tokens):
-    """Slot rows and their slot-order sum against the reference in the gemv class (split K where I = 2080 keeps 4+
-    K steps a part: fp32 partial rows, summed in the combine's last program), decode and sparse; the same input twice
-    gives the same bits."""
-    spec = layer_spec(8, 4, 96, 2080)
-    weights = random_weights(spec, seed=11)
-    ex = options_executor(spec, weights, **options)
-    assert ex.kernel_plan.shape_class(1).tiles["w2"]["SPLIT_K"] == (1 if options.get("batch_invariant") else 2)
-    for T in (1, 9, 70):
-        x = tokens(T, 96, seed=T + 11)
-        check_forward(ex, spec, weights, x, near_tie_tokens)
-        if T == 9:
-            assert torch.equal(ex(x.to(DEVICE)), ex(x.to(DEVICE)))
+    """Slot rows and their slot-order sum against the reference in the gemv class (I = 2080, whose parts keep 4+ K
+    steps, splits K: fp32 partial rows, k = 2 x 2 parts, summed in the combine's last program), decode and sparse
+    (k = 4, I = 160); the same input twice gives the same bits."""
+    for k, I, Ts in ((2, 2080, (1,)), (4, 160, (9, 70))):
+        spec = layer_spec(8, k, 96, I)
+        weights = random_weights(spec, seed=11)
+        ex = options_executor(spec, weights, **options)
+        if I == 2080:
+            assert ex.kernel_plan.shape_class(1).tiles["w2"]["SPLIT_K"] == (1 if options.get("batch_invariant") else 2)
+        for T in Ts:
+            x = tokens(T, 96, seed=T + 11)
+            check_forward(ex, spec, weights, x, near_tie_tokens)
+            if T in (1, 9):
+                assert torch.equal(ex(x.to(DEVICE)), ex(x.to(DEVICE)))
 
 
 
