@@ -441,6 +441,21 @@ def test_a_bf16_shared_expert_runs_dense(gate, deterministic):
         _check(cm.entry("modular")(x, w, ids), layer.modular(x, w, ids))
 
 
+def test_the_shared_entry_in_its_row_classes():
+    """The "shared" entry alone (an MXFP4 shared expert, one expert of T rows): on sm_90 its classes follow T rows per
+    expert, so 100 / 140 / 200 tokens run mid_wide, prefill and the large tiles (from 160 rows); each against the
+    layer's own shared expert, and the whole layer beside it."""
+    layer = MoE.random(_cfg(shared_intermediate=96, shared_gate=True), seed=4)
+    cm = mxmoe.compile(layer, target="cuda:sm_90", interpret=True, entries=["layer", "shared"])
+    plan = cm.code.plans["shared"]
+    assert [(c["name"], c["max_tokens"]) for c in plan["classes"]][2:] == [
+        ("mid", 96), ("mid_wide", 128), ("prefill", 159), ("large", None)]
+    for T in (100, 140, 200):
+        x = _x(T, 64, seed=T)
+        _check(cm.entry("shared")(x), layer._shared_expert(x))
+        _check(cm(x), layer(x))
+
+
 # -------------------------------------------- the families' routers and activations (issue #24, item 3)
 
 FAMILY_CASES = {
