@@ -121,9 +121,8 @@ def shape_classes(num_experts: int, top_k: int, mid_rows_per_expert: int = 0, mi
     if num_experts < 1 or top_k < 1:
         raise ValueError(f"need num_experts >= 1 and top_k >= 1, got {num_experts} and {top_k}")
     sparse_to = min(MID_MAX_TOKENS, SPARSE_ROWS_PER_EXPERT * num_experts // top_k)
-    mid_to = max(MID_MAX_TOKENS, mid_rows_per_expert * num_experts // top_k)
-    if mid_rows_per_expert and mid_wide_rows_per_expert:
-        mid_to = mid_rows_per_expert * num_experts // top_k
+    mid_rows = mid_rows_per_expert * num_experts // top_k
+    mid_to = mid_rows if mid_rows and mid_wide_rows_per_expert else max(MID_MAX_TOKENS, mid_rows)
     narrow_to = min(mid_to, mid_wide_rows_per_expert * num_experts // top_k) if mid_wide_rows_per_expert else mid_to
     large_from = max(mid_to + 1, -(-large_rows_per_expert * num_experts // top_k))
     bounds = [("gemv", GEMV_MAX_TOKENS), ("decode", DECODE_MAX_TOKENS), ("sparse", sparse_to),
