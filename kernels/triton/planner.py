@@ -23,10 +23,10 @@ from mxmoe.core.swizzle import HOPPER_MAX_FAST_SCALE
 
 from .kernel_plan import (Arg, Buffer, KernelPlan, KernelSpec, LayerInfo, Launch, Parameter, PlanError, PlanInput,
                           PlanOptions, ShapeClass)
-from .tile_config import (GEMV_MAX_TOKENS, HOPPER_LARGE_ROWS_PER_EXPERT, LARGE_ROWS_PER_EXPERT, MID_WIDE_ROWS_PER_EXPERT,
-                          NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT,
-                          TileConfig, batch_invariant_config, class_config, fused_cast, is_few_tokens, shape_classes,
-                          use_tma, w4a8_config)
+from .tile_config import (GEMV_MAX_TOKENS, HOPPER_LARGE_ROWS_PER_EXPERT, LARGE_ROWS_PER_EXPERT,
+                          MID_WIDE_ROWS_PER_EXPERT, NATIVE_MMA_M, PREFILL_ROWS_PER_EXPERT, TileConfig,
+                          batch_invariant_config, class_config, fused_cast, is_few_tokens, shape_classes, use_tma,
+                          w4a8_config)
 
 #: The weight layouts the GEMMs read: the checkpoint's order (``tl.dot_scaled``, sm_100) and the Hopper words
 #: decoded in registers, in row order or tiled (sm_90). The kernels take their flags from the layout.
@@ -199,7 +199,8 @@ def plan_layer(spec: LayerSpec, arch: int, target: str | None = None, *, determi
     # from fewer rows per expert (HOPPER_LARGE_ROWS_PER_EXPERT)
     hopper_bf16 = arch == 90 and activations == "bf16"
     tiled = hopper_bf16 and layout.hopper_words
-    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if hopper_bf16 else 0, MID_WIDE_ROWS_PER_EXPERT if tiled else 0,
+    classes = shape_classes(E, k, PREFILL_ROWS_PER_EXPERT if hopper_bf16 else 0,
+                            MID_WIDE_ROWS_PER_EXPERT if tiled else 0,
                             HOPPER_LARGE_ROWS_PER_EXPERT if tiled else LARGE_ROWS_PER_EXPERT)
     first_tokens = dict(zip((name for name, _ in classes), [1] + [t + 1 for _, t in classes[:-1]]))
     tiles = {name: _class_tiles(spec, layout, arch, name, options, first_tokens[name]) for name, _ in classes}

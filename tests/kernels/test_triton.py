@@ -281,29 +281,37 @@ def contract_router(E=16, k=3, H=256, seed=0):
     return spec, weights, torch.stack(patterns).bfloat16(), expected
 
 
-def test_routing_contract_holds_in_every_class():
+@pytest.mark.parametrize("E,k,batches,classes", [
+    (16, 3, (1, 5, 64, 65, 171, 600, 700, 1025, 2731),
+     {"gemv", "decode", "sparse", "mid", "mid_wide", "prefill", "large"}),
+    (64, 8, (1, 5, 33, 64), {"gemv", "decode"})], ids=["16-experts-every-class", "64-experts-top8-decode-scatter"])
+def test_routing_contract_holds_in_every_class(E, k, batches, classes):
     """Every shape class routes a token alike, bit for bit (ids and weights), and exact ties go to the lower
     expert index, one ulp apart to the larger logit: tokens of :func:`contract_router` run in batches of 1 to
     2731 (gemv, decode, sparse, mid, mid_wide, prefill, large for 16 experts, top 3) against the same tokens in
-    batches of four (gemv)."""
-    spec, weights, patterns, expected = contract_router()
+    batches of four (gemv). 64 experts with top-8: the decode class groups from per-block counts
+    (``router_route_scatter``) where the gemv class sorts."""
+    spec, weights, patterns, expected = contract_router(E=E, k=k)
     ex = executor(spec, weights, 90)
+    if E == 64:
+        assert ex.kernel_plan.kernels[ex.kernel_plan.shape_class(64).launches[0].kernel].kernel == \
+            "router_route_scatter"
     P = patterns.shape[0]
     alone = {name: torch.cat([ex.run(patterns[i:i + 4].to(DEVICE), kernels=ROUTERS)[name].cpu()
                               for i in range(0, P, 4)]) for name in ("expert_ids", "routing_weights")}
     for p, want in enumerate(expected):
         if want is not None:
             assert sorted(alone["expert_ids"][p].tolist()) == want, (p, alone["expert_ids"][p].tolist(), want)
-    classes = set()
-    for T in (1, 5, 64, 65, 171, 600, 700, 1025, 2731):
+    seen = set()
+    for T in batches:
         rows = torch.arange(T) * 7 % P  # every pattern, in some order, several times
         bufs = ex.run(patterns[rows].to(DEVICE), kernels=ROUTERS)
-        classes.add(ex.kernel_plan.shape_class(T).name)
+        seen.add(ex.kernel_plan.shape_class(T).name)
         for name in ("expert_ids", "routing_weights"):
             got, want = bufs[name].cpu(), alone[name][rows]
             bad = (got != want).any(dim=1).nonzero().flatten().tolist()
             assert not bad, f"T={T}: {name} of pattern(s) {sorted({int(rows[b]) for b in bad})} differ"
-    assert classes == {"gemv", "decode", "sparse", "mid", "mid_wide", "prefill", "large"}
+    assert seen == classes
 
 
 def options_executor(spec, weights, **options) -> TritonExecutor:
@@ -1018,12 +1026,14 @@ def test_tail_tiles_match_reference(name, tail, near_tie_tokens):
 
 def test_mid_wide_k_steps_of_128_match_reference(near_tie_tokens):
     """mid_wide's GEMMs with K steps of 128 (what its w2 GEMM runs on layers of I >= HOPPER_DEEP_K; this H = 96 / I =
-    160 make the last step partly past K), with its 64-row tails: the large class's K step on mid_wide's 128-row tiles."""
+    160 make the last step partly past K), with its 64-row tails: the large class's K step on mid_wide's 128-row
+    tiles."""
     spec, weights, x, arch = forward_case("t500_sm90_mid_wide")
     ex = executor(spec, weights, arch)
     cls = ex.kernel_plan.shape_class(x.shape[0])
     assert cls.name == "mid_wide"
-    gemms = [lc.kernel for lc in cls.launches if ex.kernel_plan.kernels[lc.kernel].kernel in ("glu_gemm", "combine_gemm")]
+    gemms = [lc.kernel for lc in cls.launches
+             if ex.kernel_plan.kernels[lc.kernel].kernel in ("glu_gemm", "combine_gemm")]
     assert {ex.kernel_plan.kernels[g].constexprs["BLOCK_K"] for g in gemms} == {64}
     plan = ex.kernel_plan.replace_constexprs({g: {"BLOCK_K": 128} for g in gemms})
     check_forward(TritonExecutor(plan, ex.params, device=DEVICE, mode=MODE), spec, weights, x, near_tie_tokens)
