@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +168,7 @@ class ShardedMoE(nn.Module):
             raise ValueError("shard: the layer needs its own router (each rank routes its tokens)")
         self._setup(layer.config, layer.dtype, spec, group, dispatch, layer.router_weight, layer.router_bias,
                     getattr(layer, "score_bias", None))
-        self.local = MoE(shard_weights(layer.to_weights(), spec), dtype=layer.dtype)
+        self.local = MoE(shard_weights(layer.to_weights(), spec), dtype=layer.dtype).to(layer.router_weight.device)
 
     @classmethod
     def from_compiled(cls, config, dtype, spec: ShardSpec, compiled, router: dict, group=None,
@@ -196,6 +197,9 @@ class ShardedMoE(nn.Module):
         self._compiled = None
         #: what this rank did: bytes handed to collectives and received, their time, token rows its experts ran
         self.stats = {"bytes_sent": 0, "bytes_received": 0, "collective_s": 0.0, "expert_rows": 0}
+        #: time each collective to its end: on CUDA tensors a collective only enqueues, so ``collective_s`` then
+        #: counts a device synchronization before and after each one (off by default: it costs the overlap)
+        self.sync_timing = False
 
     def extra_repr(self) -> str:
         return (f"ep={self.spec.ep}, tp={self.spec.tp}, rank={self.spec.rank}, "
@@ -242,7 +246,12 @@ class ShardedMoE(nn.Module):
         return x.reshape(-1, h)
 
     def _route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole layer's routing of this rank's tokens (the same as ``MoE.forward_with_routing``)."""
+        """The whole layer's routing of this rank's tokens (the same as ``MoE.forward_with_routing``). The router
+        follows the tokens to their device once (a part loaded from an artifact holds it on the host)."""
+        if self.router_weight.device != tokens.device:
+            self.router_weight, self.router_bias, self.score_bias = (
+                None if t is None else t.to(tokens.device) for t in (self.router_weight, self.router_bias,
+                                                                      self.score_bias))
         return route_tokens(self.config, tokens, self.router_weight, self.router_bias, self.score_bias)
 
     # ---------------------------------------------------------------------------------- forward
@@ -254,13 +263,16 @@ class ShardedMoE(nn.Module):
         after ``compile()``)."""
         tokens = self._tokens(x)
         weights, ids = self._route(tokens)
-        counts = self._all_gather_counts(tokens.shape[0])
-        use_a2a = self.dispatch == "all_to_all" or (self.dispatch == "auto" and self.spec.tp == 1
-                                                    and self.spec.ep > 1 and sum(counts) >= 512)
-        if use_a2a:
-            out = self._forward_all_to_all(tokens, weights, ids)
+        if self.spec.ep * self.spec.tp == 1:  # one rank holds the layer: nothing to exchange
+            out = self._experts(tokens, weights, ids).float()
         else:
-            out = self._forward_allgather(tokens, weights, ids, counts)
+            counts = self._all_gather_counts(tokens.shape[0], tokens.device)
+            use_a2a = self.dispatch == "all_to_all" or (self.dispatch == "auto" and self.spec.tp == 1
+                                                        and sum(counts) >= 512 and self._reach() <= 0.75)
+            if use_a2a:
+                out = self._forward_all_to_all(tokens, weights, ids)
+            else:
+                out = self._forward_allgather(tokens, weights, ids, counts)
         shared = self._shared(tokens)
         if shared is not None:
             out = out + shared.float()
@@ -271,12 +283,14 @@ class ShardedMoE(nn.Module):
         world, most = len(counts), max(counts)
         if most == 0:
             return tokens.new_zeros(tokens.shape, dtype=torch.float32)
-        x_all = self._all_gather_padded(tokens, most)
-        w_all = self._all_gather_padded(weights, most)
-        ids_all = self._all_gather_padded(ids.to(torch.int32), most, fill=-1)
-        rows = torch.cat([torch.arange(r * most, r * most + counts[r]) for r in range(world)])
-        partial = torch.zeros(world * most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
-        partial[rows] = self._experts(x_all[rows], w_all[rows], ids_all[rows]).float()
+        x_all, w_all, ids_all = self._all_gather_rows([tokens, weights, ids.to(torch.int32)], most)
+        if min(counts) == most:  # no padding rows: every gathered row is a token
+            partial = self._experts(x_all, w_all, ids_all).float()
+        else:
+            rows = torch.from_numpy(np.concatenate([np.arange(r * most, r * most + c) for r, c in enumerate(counts)]))
+            rows = rows.to(tokens.device)
+            partial = torch.zeros(world * most, tokens.shape[1], dtype=torch.float32, device=tokens.device)
+            partial[rows] = self._experts(x_all[rows], w_all[rows], ids_all[rows]).float()
         return self._reduce_scatter_in_rank_order(partial, world, most)[: tokens.shape[0]]
 
     def _reduce_scatter_in_rank_order(self, partial: torch.Tensor, world: int, most: int) -> torch.Tensor:
@@ -289,7 +303,7 @@ class ShardedMoE(nn.Module):
         blocks = torch.empty_like(partial)
         self._collective("all_to_all (partials)",
                          lambda: dist.all_to_all_single(blocks, partial.contiguous(), group=self.group),
-                         partial.numel() * 4, blocks.numel() * 4)
+                         partial.numel() * 4, blocks.numel() * 4, partial.device)
         blocks = blocks.view(world, most, partial.shape[1])
         out = blocks[0].clone()
         for r in range(1, world):
@@ -300,42 +314,50 @@ class ShardedMoE(nn.Module):
         """Each token goes only to the ranks holding one of its experts (its other ids masked to -1 there); the
         partial outputs come back the same way and are summed in rank order."""
         world = self.spec.ep
-        owner = torch.tensor([self._owner(e) for e in range(self.config.num_experts)], device=ids.device)
-        dest_of_slot = owner[ids.long()]                                   # [T, k]
-        send_idx, send_ids, counts = [], [], []
-        for r in range(world):
-            hit = (dest_of_slot == r)
-            tok = torch.nonzero(hit.any(dim=1)).flatten()
-            send_idx.append(tok)
-            send_ids.append(torch.where(hit[tok], ids[tok], torch.full_like(ids[tok], -1)))
-            counts.append(len(tok))
-        recv_counts = self._all_to_all_counts(counts)
-        x_recv = self._all_to_all(torch.cat([tokens[i] for i in send_idx]), counts, recv_counts)
-        w_recv = self._all_to_all(torch.cat([weights[i] for i in send_idx]), counts, recv_counts)
-        ids_recv = self._all_to_all(torch.cat(send_ids).to(torch.int32), counts, recv_counts)
+        hit = self._owners(ids.device)[ids.long()][:, :, None] == torch.arange(world, device=ids.device)  # [T, k, N]
+        to_rank = hit.any(dim=1).T                                         # [N, T]: token t goes to rank r
+        counts = to_rank.sum(dim=1).tolist()
+        dest, tok = torch.nonzero(to_rank, as_tuple=True)                  # rank-major, tokens in order within
+        send_ids = torch.where(hit[tok, :, dest], ids[tok], -1).to(torch.int32)
+        recv_counts = self._all_to_all_counts(counts, tokens.device)
+        x_recv, w_recv, ids_recv = self._all_to_all_rows([tokens[tok], weights[tok], send_ids], counts, recv_counts)
         y = self._experts(x_recv, w_recv, ids_recv).float()
         y_back = self._all_to_all(y, recv_counts, counts)
         out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
         at = 0
-        for r in range(world):  # rank order: deterministic
-            n = counts[r]
-            out.index_add_(0, send_idx[r], y_back[at: at + n])
+        for n in counts:  # rank order, each rank's tokens distinct: deterministic
+            out.index_add_(0, tok[at: at + n], y_back[at: at + n])
             at += n
         return out
 
-    def _owner(self, expert: int) -> int:
-        for r in range(self.spec.ep):
-            if expert in ShardSpec(self.spec.ep, 1, r).experts(self.config.num_experts):
-                return r
-        raise AssertionError(expert)
+    def _reach(self) -> float:
+        """The share of the ranks a token's k experts reach under uniform routing, 1 - (1 - 1/N)^k: what the
+        all-to-all exchange sends of what the all-gather does (two ranks, top-4: 0.94, where the all-to-all measured
+        slower on two H200s at every token count; eight ranks, top-4: 0.41)."""
+        return 1.0 - (1.0 - 1.0 / self.spec.ep) ** self.config.top_k
+
+    def _owners(self, device) -> torch.Tensor:
+        """The ep rank holding each global expert, on ``device`` (made once per device)."""
+        cached = getattr(self, "_owner_table", None)
+        if cached is None or cached.device != device:
+            owner = torch.empty(self.config.num_experts, dtype=torch.int64)
+            for r in range(self.spec.ep):
+                owner[list(ShardSpec(self.spec.ep, 1, r).experts(self.config.num_experts))] = r
+            self._owner_table = cached = owner.to(device)
+        return cached
 
     # ---------------------------------------------------------------------------------- collectives
-    def _collective(self, what: str, fn, sent: int, received: int):
+    def _collective(self, what: str, fn, sent: int, received: int, device=None):
         import time
 
+        sync = self.sync_timing and device is not None and device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         try:
             out = fn()
+            if sync:
+                torch.cuda.synchronize(device)
         except RuntimeError as e:
             raise DistributedError(f"rank {self.spec.rank}: {what} failed ({str(e).splitlines()[0][:200]}); if a "
                                    "rank died, hung or left the group, the process group's timeout bounded the "
@@ -345,36 +367,64 @@ class ShardedMoE(nn.Module):
         self.stats["bytes_received"] += received
         return out
 
-    def _all_gather_counts(self, n: int) -> list[int]:
+    def _all_gather_counts(self, n: int, device) -> list[int]:
+        """Every rank's token count; on the tokens' device (NCCL takes CUDA tensors only, gloo CPU ones)."""
         world = self.spec.ep * self.spec.tp
-        out = torch.zeros(world, dtype=torch.int64)
-        self._collective("all_gather (token counts)",
-                         lambda: _all_gather(out, torch.tensor([n], dtype=torch.int64), group=self.group),
-                         8, 8 * world)
+        out = torch.zeros(world, dtype=torch.int64, device=device)
+        mine = torch.tensor([n], dtype=torch.int64, device=device)
+        self._collective("all_gather (token counts)", lambda: _all_gather(out, mine, group=self.group),
+                         8, 8 * world, device)
         return out.tolist()
 
-    def _all_gather_padded(self, t: torch.Tensor, most: int, fill=0) -> torch.Tensor:
-        world = self.spec.ep * self.spec.tp
-        pad = torch.full((most - t.shape[0], *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
-        src = torch.cat([t, pad]).contiguous()
-        out = torch.empty((world * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        self._collective("all_gather", lambda: _all_gather(out, src, group=self.group),
-                         src.numel() * src.element_size(), out.numel() * out.element_size())
-        return out
+    def _all_gather_rows(self, tensors: list[torch.Tensor], most: int) -> list[torch.Tensor]:
+        """Every rank's rows of ``tensors`` (this rank's tokens' rows, any dtypes), each rank's padded to ``most``
+        with zero bytes, in one all-gather: a row's bytes of all the tensors side by side (one collective and its
+        latency, not one per tensor)."""
+        world, n = self.spec.ep * self.spec.tp, tensors[0].shape[0]
+        src = _pack_rows(tensors)
+        if n < most:
+            src = torch.cat([src, src.new_zeros(most - n, src.shape[1])])
+        out = torch.empty((world * most, src.shape[1]), dtype=torch.uint8, device=src.device)
+        self._collective("all_gather", lambda: _all_gather(out, src, group=self.group), src.numel(), out.numel(),
+                         src.device)
+        return _unpack_rows(out, tensors)
 
-    def _all_to_all_counts(self, counts: list[int]) -> list[int]:
-        send = torch.tensor(counts, dtype=torch.int64)
+    def _all_to_all_counts(self, counts: list[int], device) -> list[int]:
+        send = torch.tensor(counts, dtype=torch.int64, device=device)
         recv = torch.empty_like(send)
         self._collective("all_to_all (counts)", lambda: dist.all_to_all_single(recv, send, group=self.group),
-                         send.numel() * 8, recv.numel() * 8)
+                         send.numel() * 8, recv.numel() * 8, device)
         return recv.tolist()
+
+    def _all_to_all_rows(self, tensors: list[torch.Tensor], send_counts: list[int],
+                         recv_counts: list[int]) -> list[torch.Tensor]:
+        """:meth:`_all_to_all` of several tensors' rows (the same rows of each) in one collective: a row's bytes of
+        all of them side by side, as :meth:`_all_gather_rows` sends them."""
+        return _unpack_rows(self._all_to_all(_pack_rows(tensors), send_counts, recv_counts), tensors)
 
     def _all_to_all(self, t: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         out = torch.empty((sum(recv_counts), *t.shape[1:]), dtype=t.dtype, device=t.device)
         self._collective("all_to_all", lambda: dist.all_to_all_single(
             out, t.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts, group=self.group),
-            t.numel() * t.element_size(), out.numel() * out.element_size())
+            t.numel() * t.element_size(), out.numel() * out.element_size(), t.device)
         return out
+
+
+def _pack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """uint8 [n, bytes]: row i holds row i of every tensor (same leading dim n, any dtypes), their bytes side by side,
+    so that one collective moves them all."""
+    n = tensors[0].shape[0]
+    return torch.cat([t.reshape(n, math.prod(t.shape[1:])).contiguous().view(torch.uint8) for t in tensors], dim=1)
+
+
+def _unpack_rows(rows: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors :func:`_pack_rows` packed (each with ``like``'s dtype and trailing shape) from its rows."""
+    out, at, m = [], 0, rows.shape[0]
+    for t in like:
+        width = math.prod(t.shape[1:]) * t.element_size()
+        out.append(rows[:, at: at + width].view(t.dtype).reshape(m, *t.shape[1:]).contiguous())
+        at += width
+    return out
 
 
 # ============================================================================================ entry point

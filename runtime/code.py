@@ -219,8 +219,10 @@ class TritonCode:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             first = TritonExecutor(self.plan, parameters, self.binaries, **kwargs)
             first.entries = {self.entry_name: first}
+            # an entry may read weights the first one does not (the shared expert of modular_routed + shared): the
+            # first's device copies where it has them, the others converted for that entry
             for name, (plan, binaries) in self.more.items():
-                first.entries[name] = TritonExecutor(plan, first.params, binaries, **kwargs)
+                first.entries[name] = TritonExecutor(plan, {**parameters, **first.params}, binaries, **kwargs)
         return first
 
     def entry(self, executor, name: str):

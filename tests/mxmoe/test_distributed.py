@@ -89,8 +89,8 @@ def _expect(case):
     return [layer(x).float() if len(x) else x.float() for x in xs]
 
 
-def _check(world, case, tmp_path):
-    results, codes = _run(world, case, tmp_path)
+def _check(world, case, tmp_path, worker=None):
+    results, codes = _run(world, case, tmp_path, worker)
     want = _expect(case)
     for r in range(world):
         status, outs, info = results[r]
@@ -406,12 +406,14 @@ def test_compiled_shards(tmp_path):
     _check(2, {"mode": "ep", "counts": [7, 4], "compile": "cpu"}, tmp_path)
 
 
-def _parts_add_up(ep: int, tp: int, target: str, device: str, tokens=(1, 9, 70), **options) -> None:
+def _parts_add_up(ep: int, tp: int, target: str, device: str, tokens=(1, 9, 70), shared: dict | None = None,
+                  **options) -> None:
     """Each rank's part compiled for ``target``, run in one process on the same tokens: the parts' partial outputs
-    add up to the whole layer's routed experts (what the collectives then sum or gather)."""
+    add up to the whole layer's routed experts (what the collectives then sum or gather); with a ``shared`` expert
+    (config fields), the part's "shared" entry (its own weights, apart from the routed entry's) is the layer's."""
     from mxmoe.distributed import ShardedMoE, ShardSpec
 
-    cfg = _cfg(num_experts=12, top_k=3, hidden=128, intermediate=192, bias=True, router_bias=True)
+    cfg = _cfg(num_experts=12, top_k=3, hidden=128, intermediate=192, bias=True, router_bias=True, **(shared or {}))
     layer = MoE.random(cfg, seed=4).to(device)
     parts = [ShardedMoE(layer, ShardSpec(ep, tp, rank)).compile(target, **options) for rank in range(ep * tp)]
     for t in tokens:
@@ -420,6 +422,9 @@ def _parts_add_up(ep: int, tp: int, target: str, device: str, tokens=(1, 9, 70),
             weights, ids = layer.route_tokens(x)
             want = layer.modular(x, weights, ids, shared=False).float()
             got = sum(part._experts(x, weights, ids).float() for part in parts)
+            if shared:
+                want_shared, got_shared = layer._shared_expert(x).float(), parts[-1]._shared(x).float()
+                assert float((got_shared - want_shared).abs().max() / want_shared.abs().max()) < TOL, (ep, tp, t)
         assert float((got - want).abs().max() / want.abs().max()) < TOL, (ep, tp, t)
 
 
@@ -430,6 +435,14 @@ def test_triton_parts_add_up_to_the_layer_under_the_interpreter():
     _parts_add_up(2, 2, "cuda:sm_90", "cpu", tokens=(1, 9), interpret=True)
 
 
+def test_a_triton_part_with_a_shared_expert_under_the_interpreter():
+    """A part with DeepSeek's bf16 shared expert: two entries (modular_routed, shared) whose weights differ, bound
+    together (the shared entry's weights are not the routed one's: it once found none)."""
+    pytest.importorskip("triton")
+    _parts_add_up(2, 1, "cuda:sm_90", "cpu", tokens=(5,), interpret=True,
+                  shared={"shared_intermediate": 64, "shared_format": "bf16"})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", [(2, 1), (1, 2), (2, 2)])
@@ -438,6 +451,108 @@ def test_cuda_compiled_parts_add_up_to_the_layer(mode):
     pytest.importorskip("iree.compiler", reason="the compiler's IREE bindings are not on this GPU machine")
     major, minor = torch.cuda.get_device_capability()
     _parts_add_up(*mode, f"cuda:sm_{major}{minor}", "cuda")
+
+
+def _nccl_worker(rank, world, init, case, results):
+    """One rank on GPU ``rank`` with NCCL: its part of the case's layer (eager experts on the GPU, or, with
+    ``artifact``, its compiled part of a cuda sharded artifact) on its tokens."""
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
+                                timeout=__import__("datetime").timedelta(seconds=60),
+                                device_id=torch.device("cuda", rank))
+        from mxmoe.distributed import load, shard
+
+        if case.get("artifact"):
+            part = load(case["artifact"], dispatch=case.get("dispatch", "auto"))
+        else:
+            part = shard(_layer(case).cuda(), case["mode"], dispatch=case.get("dispatch", "auto"))
+        x = _tokens(case["counts"], seed=case.get("seed", 0))[rank].cuda()
+        outs = [part(x).float().cpu() for _ in range(case.get("repeat", 1))]
+        results[rank] = ("ok", outs, dict(part.stats))
+        dist.destroy_process_group()
+    except Exception as e:  # reported to the parent
+        results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-2000:])
+
+
+def _need_gpus(n: int) -> None:
+    if not torch.cuda.is_available() or torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs")
+    if not dist.is_nccl_available():
+        pytest.skip("torch has no NCCL")
+
+
+#: the cuda sharded artifacts' cuts and their test cases (layout, dispatch, tokens per rank)
+_CUDA_CUTS = [("ep:2", "allgather", [1, 70]), ("ep:2", "all_to_all", [9, 0]), ("tp:2", "auto", [4, 33]),
+              ("ep:2,tp:2", "auto", [3, 0, 8, 5])]
+#: the layer those artifacts hold (``_layer`` of this case)
+_CUDA_CASE = {"cfg": {"bias": True}}
+
+
+def _cuda_artifact_path(root: str, layout: str) -> str:
+    return os.path.join(root, "distributed", f"{layout.replace(':', '').replace(',', '-')}.mxmoe")
+
+
+def write_cuda_artifacts(root: str) -> None:
+    """Write the GPU tests' sharded artifacts (cuda:sm_90) under ``root``/distributed, on a machine with the
+    compiler, for a GPU machine without it (``MXMOE_GPU_PLANS=root``): ``python -c "import sys; sys.path[:0] =
+    ['tests/mxmoe']; import test_distributed as t; t.write_cuda_artifacts('build/gpu_plans')"``."""
+    from mxmoe.shard_artifact import save_sharded
+
+    for layout in dict.fromkeys(cut for cut, *_ in _CUDA_CUTS):
+        path = _cuda_artifact_path(root, layout)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        save_sharded(_layer(_CUDA_CASE), path, layout, target="cuda:sm_90")
+
+
+def _cuda_sharded_artifact(layout: str, tmp_path) -> str:
+    """The test layer cut by ``layout`` for cuda:sm_90: from ``$MXMOE_GPU_PLANS`` (written by
+    :func:`write_cuda_artifacts`), else compiled here into ``tmp_path``."""
+    plans = os.environ.get("MXMOE_GPU_PLANS")
+    if plans and os.path.exists(_cuda_artifact_path(plans, layout)):
+        return _cuda_artifact_path(plans, layout)
+    pytest.importorskip("iree.compiler", reason="no compiler here and no artifact in MXMOE_GPU_PLANS")
+    from mxmoe.shard_artifact import save_sharded
+
+    path = str(tmp_path / "part.mxmoe")
+    save_sharded(_layer(_CUDA_CASE), path, layout, target="cuda:sm_90")
+    return path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, dispatch, counts, hot", [
+    ("ep", "allgather", [7, 0], ()), ("ep", "all_to_all", [5, 9], ()), ("ep", "all_to_all", [6, 5], (0, 1)),
+    ("tp", "allgather", [3, 11], ())])
+def test_two_gpus_over_nccl_match_the_layer(mode, dispatch, counts, hot, tmp_path):
+    """The exchanges over NCCL between two GPUs (each rank's experts in eager torch on its GPU): the layer's output
+    for every rank's tokens, a rank with none, all tokens on rank 0's experts, the same bits twice."""
+    _need_gpus(2)
+    results = _check(2, {"mode": mode, "dispatch": dispatch, "counts": counts, "hot": hot, "repeat": 2}, tmp_path,
+                     _nccl_worker)
+    if hot:  # two forwards
+        assert results[0][2]["expert_rows"] == 2 * sum(counts) and results[1][2]["expert_rows"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, dispatch, counts", _CUDA_CUTS)
+def test_cuda_sharded_artifact_over_nccl(layout, dispatch, counts, tmp_path):
+    """Each GPU loads its part of a cuda:sm_90 sharded artifact (the Triton kernels with the expert map / a tp
+    slice) and the ranks exchange over NCCL: the layer's output, the same bits twice."""
+    _need_gpus(len(counts))
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the test's artifacts are compiled for sm_90")
+    case = dict(_CUDA_CASE, counts=counts, dispatch=dispatch, repeat=2,
+                artifact=_cuda_sharded_artifact(layout, tmp_path))
+    _check(len(counts), case, tmp_path, _nccl_worker)
+
+
+def test_auto_dispatch_sends_to_the_ranks_of_the_experts_only_where_that_saves_bytes():
+    """All-to-all where a token's experts reach at most 3/4 of the ranks (8 ranks, top-4), the all-gather where they
+    reach nearly all (2 ranks, top-4: measured slower on two GPUs)."""
+    from mxmoe.distributed import ShardedMoE, ShardSpec
+
+    layer = MoE.random(_cfg(num_experts=16, top_k=4), seed=0)
+    assert ShardedMoE(layer, ShardSpec(8, 1, 0))._reach() < 0.75 < ShardedMoE(layer, ShardSpec(2, 1, 0))._reach()
 
 
 def test_ranks_that_disagree_get_a_clear_error(tmp_path):
