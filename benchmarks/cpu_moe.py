@@ -39,6 +39,9 @@ gpt-oss-20b layer's intermediates at 262144 tokens would not fit this machine's 
 flat means a total cost linear in tokens. ``--timeline T``: where one call's time goes at T tokens, per
 dispatch (IREE's host-execution profile of the same module through iree-benchmark-module), and the Python
 call around it. ``--torch``: the previous eager torch baseline as a column (slow at 512 tokens).
+``--cold N``: mxmoe's calls again with the weights from DRAM, as in a model (N copies of them at other addresses,
+called in turn): on a host whose last-level cache holds the few experts of a small T, the main table's calls find
+them there (both sides alike), the bound column is the DRAM's.
 ``--activations mxint8`` / ``mxint16``: time the module compiled with that ``activations=`` (int8 activations or
 15-bit ones as two int8 planes, the rows16 weight layout, docs/cpu.md) instead of the default bf16 one.
 """
@@ -282,6 +285,34 @@ def timeline(cm, cfg, T: int, threads: int, repeats: int, runtime_flags: list[st
     print(f"  from Python (cm(x): torch in, torch out): {py * 1e3:.3f} ms median of 21")
 
 
+def cold_rows(cm, cfg, xs, experts, per_expert: int, bw, copies: int, rounds: int, repeats: int) -> None:
+    """mxmoe's calls with the weights coming from DRAM, as in a model where every layer reads its own: the module
+    bound to ``copies`` copies of its weights at other addresses (each per-expert array rolled by one more expert,
+    the router's rows too, so routing picks the rolled experts and the output is the same), called in turn, against
+    the same calls on one copy (whose experts' weights stay in a large last-level cache from call to call). The
+    peer's moe_bench has no such mode: its times are the warm ones."""
+    E = cfg.num_experts
+    params = cm.parameters
+    bound = [cm] + [cm.with_parameters({k: np.roll(v, s, 0) if v.shape and v.shape[0] == E else v
+                                        for k, v in params.items()}) for s in range(1, copies)]
+    T0 = min(xs)
+    if not torch.equal(bound[1](xs[T0]), cm(xs[T0])):
+        sys.exit("--cold: a rolled copy gave another output (a per-expert parameter not rolled?)")
+    print(f"\nweights from DRAM (--cold {copies}: {copies} copies of the weights, called in turn; mxmoe only), medians "
+          f"over {rounds} rounds:")
+    print(f"{'T':>5} {'MB':>6} | {'one copy ms':>11} | {'copies ms':>9} | {'x bound':>7}")
+    for T, x in xs.items():
+        warm, cold = [], []
+        calls = iter(range(1 << 62))
+        for _ in range(rounds):
+            warm.append(timed(lambda: cm(x), repeats))
+            cold.append(timed(lambda: bound[next(calls) % copies](x), max(repeats, 2 * copies)))
+        mb = experts[T] * per_expert / 1e6
+        c = statistics.median(cold) * 1e3
+        print(f"{T:>5} {mb:6.1f} | {statistics.median(warm) * 1e3:11.2f} | {c:9.2f} | "
+              f"{c / (mb / bw) if bw else float('nan'):7.2f}", flush=True)
+
+
 def _kind(name: str) -> str:
     """What a dispatch of the cpu module is, from its name (mxmoe's C executables end in _group, _quantize
     and _ukernel; IREE names its own after the op: the router is the only matmul, the routing reductions)."""
@@ -309,6 +340,9 @@ def main() -> None:
     p.add_argument("--scaling", default="", help="token counts of the scaling row (e.g. 512,4096,32768,262144)")
     p.add_argument("--scaling-config", default="32,4,512,512", help="E,k,H,I of the scaling row's layer")
     p.add_argument("--timeline", default="", help="token counts to print a per-dispatch timeline for")
+    p.add_argument("--cold", type=int, default=0, metavar="N",
+                   help="also time mxmoe with its weights from DRAM: N copies of them called in turn (enough that "
+                        "their bytes at the smallest T exceed the last-level cache)")
     p.add_argument("--torch", action="store_true", help="also time the eager torch baseline")
     p.add_argument("--no-peaks", action="store_true")
     p.add_argument("--activations", default="bf16", choices=["bf16", "mxint8", "mxint16"],
@@ -445,6 +479,9 @@ def main() -> None:
             row.append(f"T={T}: {t * 1e3:.1f} ms, {t / T * 1e6:.2f} us/token")
             print("  " + row[-1], flush=True)
             del x
+
+    if args.cold:
+        cold_rows(cm, cfg, xs, experts, per_expert, bw, args.cold, args.rounds, args.repeats)
 
     for T in (int(t) for t in args.timeline.split(",") if t):
         print()
