@@ -106,8 +106,8 @@ def _gpu_part(args, name: str, layer, ep: int, tp: int, rank: int, tmp: str):
                              if getattr(weights, field) is not None})
     module = mxmoe.runtime.load(path, f"cuda:{rank}", weights=file)
     os.unlink(file)
-    router = {k: getattr(layer, k).cuda() for k in ("router_weight", "router_bias", "score_bias")
-              if getattr(layer, k, None) is not None}
+    router = {k: getattr(layer, k) for k in ("router_weight", "router_bias", "score_bias")
+              if getattr(layer, k, None) is not None}  # the part moves it to the tokens' device
     return ShardedMoE.from_compiled(layer.config, layer.dtype, spec, module, router, dispatch=args.dispatch)
 
 

@@ -34,26 +34,33 @@ def _tokens(counts, h=64, seed=0, dtype="bfloat16"):
 
 
 def _worker(rank, world, init, case, results):
-    """One rank: shard the layer, run its tokens, put (output, error) in ``results``."""
+    """One rank: shard the layer (or, with ``part``, load its part of that sharded artifact), run its tokens, put
+    (output, error) in ``results``; with ``nccl``, on GPU ``rank`` over NCCL."""
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                timeout=__import__("datetime").timedelta(seconds=case.get("timeout", 60)))
-        from mxmoe.distributed import shard
+        gpu = case.get("nccl", False)
+        if gpu:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if gpu else "gloo", init_method=init, rank=rank, world_size=world,
+                                timeout=__import__("datetime").timedelta(seconds=case.get("timeout", 60)),
+                                **({"device_id": torch.device("cuda", rank)} if gpu else {}))
+        from mxmoe.distributed import load, shard
 
-        layer = _layer(case, rank if case.get("disagree") else 0)
-        sharded = shard(layer, case["mode"], dispatch=case.get("dispatch", "auto"))
+        if case.get("part"):
+            sharded = load(case["part"], dispatch=case.get("dispatch", "auto"))
+        else:
+            layer = _layer(case, rank if case.get("disagree") else 0)
+            sharded = shard(layer.cuda() if gpu else layer, case["mode"], dispatch=case.get("dispatch", "auto"))
         if case.get("compile"):
             sharded.compile(case["compile"])
         xs = _tokens(case["counts"], seed=case.get("seed", 0), dtype=case.get("dtype", "bfloat16"))
+        x = xs[rank].cuda() if gpu else xs[rank]
         if case.get("die") is not None and rank == case["die"]:
             os._exit(3)  # a rank that dies before the collective
-        outs = [sharded(xs[rank]) for _ in range(case.get("repeat", 1))]
+        outs = [sharded(x) for _ in range(case.get("repeat", 1))]
         stats = dict(sharded.stats)
         if case.get("artifact"):  # the same layer's parts from a sharded artifact, on the same tokens
-            from mxmoe.distributed import load
-
-            stats["artifact_out"] = load(case["artifact"])(xs[rank]).float()
-        results[rank] = ("ok", [o.float() for o in outs], stats)
+            stats["artifact_out"] = load(case["artifact"])(x).float()
+        results[rank] = ("ok", [o.float().cpu() for o in outs], stats)
         dist.destroy_process_group()
     except Exception as e:  # reported to the parent
         results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-2000:])
@@ -89,8 +96,8 @@ def _expect(case):
     return [layer(x).float() if len(x) else x.float() for x in xs]
 
 
-def _check(world, case, tmp_path, worker=None):
-    results, codes = _run(world, case, tmp_path, worker)
+def _check(world, case, tmp_path):
+    results, codes = _run(world, case, tmp_path)
     want = _expect(case)
     for r in range(world):
         status, outs, info = results[r]
@@ -453,28 +460,6 @@ def test_cuda_compiled_parts_add_up_to_the_layer(mode):
     _parts_add_up(*mode, f"cuda:sm_{major}{minor}", "cuda")
 
 
-def _nccl_worker(rank, world, init, case, results):
-    """One rank on GPU ``rank`` with NCCL: its part of the case's layer (eager experts on the GPU, or, with
-    ``artifact``, its compiled part of a cuda sharded artifact) on its tokens."""
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
-                                timeout=__import__("datetime").timedelta(seconds=60),
-                                device_id=torch.device("cuda", rank))
-        from mxmoe.distributed import load, shard
-
-        if case.get("artifact"):
-            part = load(case["artifact"], dispatch=case.get("dispatch", "auto"))
-        else:
-            part = shard(_layer(case).cuda(), case["mode"], dispatch=case.get("dispatch", "auto"))
-        x = _tokens(case["counts"], seed=case.get("seed", 0))[rank].cuda()
-        outs = [part(x).float().cpu() for _ in range(case.get("repeat", 1))]
-        results[rank] = ("ok", outs, dict(part.stats))
-        dist.destroy_process_group()
-    except Exception as e:  # reported to the parent
-        results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-2000:])
-
-
 def _need_gpus(n: int) -> None:
     if not torch.cuda.is_available() or torch.cuda.device_count() < n:
         pytest.skip(f"needs {n} CUDA GPUs")
@@ -497,12 +482,16 @@ def write_cuda_artifacts(root: str) -> None:
     """Write the GPU tests' sharded artifacts (cuda:sm_90) under ``root``/distributed, on a machine with the
     compiler, for a GPU machine without it (``MXMOE_GPU_PLANS=root``): ``python -c "import sys; sys.path[:0] =
     ['tests/mxmoe']; import test_distributed as t; t.write_cuda_artifacts('build/gpu_plans')"``."""
-    from mxmoe.shard_artifact import save_sharded
-
     for layout in dict.fromkeys(cut for cut, *_ in _CUDA_CUTS):
         path = _cuda_artifact_path(root, layout)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        save_sharded(_layer(_CUDA_CASE), path, layout, target="cuda:sm_90")
+        _write_cuda_artifact(path, layout)
+
+
+def _write_cuda_artifact(path: str, layout: str) -> None:
+    from mxmoe.shard_artifact import save_sharded
+
+    save_sharded(_layer(_CUDA_CASE), path, layout, target="cuda:sm_90")
 
 
 def _cuda_sharded_artifact(layout: str, tmp_path) -> str:
@@ -512,10 +501,8 @@ def _cuda_sharded_artifact(layout: str, tmp_path) -> str:
     if plans and os.path.exists(_cuda_artifact_path(plans, layout)):
         return _cuda_artifact_path(plans, layout)
     pytest.importorskip("iree.compiler", reason="no compiler here and no artifact in MXMOE_GPU_PLANS")
-    from mxmoe.shard_artifact import save_sharded
-
     path = str(tmp_path / "part.mxmoe")
-    save_sharded(_layer(_CUDA_CASE), path, layout, target="cuda:sm_90")
+    _write_cuda_artifact(path, layout)
     return path
 
 
@@ -527,8 +514,8 @@ def test_two_gpus_over_nccl_match_the_layer(mode, dispatch, counts, hot, tmp_pat
     """The exchanges over NCCL between two GPUs (each rank's experts in eager torch on its GPU): the layer's output
     for every rank's tokens, a rank with none, all tokens on rank 0's experts, the same bits twice."""
     _need_gpus(2)
-    results = _check(2, {"mode": mode, "dispatch": dispatch, "counts": counts, "hot": hot, "repeat": 2}, tmp_path,
-                     _nccl_worker)
+    results = _check(2, {"mode": mode, "dispatch": dispatch, "counts": counts, "hot": hot, "repeat": 2, "nccl": True},
+                     tmp_path)
     if hot:  # two forwards
         assert results[0][2]["expert_rows"] == 2 * sum(counts) and results[1][2]["expert_rows"] == 0
 
@@ -541,9 +528,9 @@ def test_cuda_sharded_artifact_over_nccl(layout, dispatch, counts, tmp_path):
     _need_gpus(len(counts))
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the test's artifacts are compiled for sm_90")
-    case = dict(_CUDA_CASE, counts=counts, dispatch=dispatch, repeat=2,
-                artifact=_cuda_sharded_artifact(layout, tmp_path))
-    _check(len(counts), case, tmp_path, _nccl_worker)
+    case = dict(_CUDA_CASE, counts=counts, dispatch=dispatch, repeat=2, nccl=True,
+                part=_cuda_sharded_artifact(layout, tmp_path))
+    _check(len(counts), case, tmp_path)
 
 
 def test_auto_dispatch_sends_to_the_ranks_of_the_experts_only_where_that_saves_bytes():
