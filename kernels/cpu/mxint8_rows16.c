@@ -42,11 +42,17 @@
 typedef int32_t __attribute__((may_alias, aligned(1))) i32u_t;
 
 /* bytes ahead of the weights being read that the matmul prefetches (one cache line per 64-byte chunk).
- * Single-thread harness (benchmarks/cpu_rows16.c), weights streamed from DRAM, 1 / 2 / 3 rows: 21.4 / 16.7 /
+ * Single-thread harness (benchmarks/cpu_rows16.c), weights streamed from DRAM (Zen 4), 1 / 2 / 3 rows: 21.4 / 16.7 /
  * 12.4 GB/s without, 27.6-28.2 / 22.4-23.2 / 17.8-18.2 at 4096 (2048: 25-26 / 21 / 17-18; 8192: 26.7 / 22.0 /
- * 17.0); in L2 no change. */
+ * 17.0); in L2 no change.  Into L2 (T1), not L1: on a Xeon with AMX (2 threads, gpt-oss-20b, mxint8, 2026-11-29)
+ * 8-12 / 10-12 / 10-14% faster at 1 (weights from DRAM) / 4 / 8 tokens, level at 64; one thread from true DRAM
+ * 11.6-11.8 against 10.0-10.7 GB/s at 1 row; the distance (2-16 KB) changed nothing there.  (AMD's cores are
+ * documented to treat the hints alike.) */
 #ifndef R16_PREFETCH
 #define R16_PREFETCH 4096
+#endif
+#ifndef R16_PREFETCH_HINT
+#define R16_PREFETCH_HINT _MM_HINT_T1
 #endif
 
 /* the f32 words of a quantized row: nb scales, then nb int32 corrections */
@@ -172,7 +178,7 @@ MX_QUANTIZE_ENTRY(mxmoe_mxint16_quantize_rows, 2)
       /* the next group's scales, which item_rows16 scans before its first pass */                     \
       if (R >= R16_FAST_ROWS && b % 4 == 0) _mm_prefetch((const char *)(sg + 16 * (nb + b)), _MM_HINT_T0); \
       for (int j = 0; j < 4; ++j) {                                                                    \
-        _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);               \
+        _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), R16_PREFETCH_HINT);               \
         const __m512i raw = _mm512_loadu_si512((const void *)(wg + 256 * b + 64 * j));                 \
         d[2 * j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, low4));                              \
         d[2 * j + 1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));    \
@@ -265,7 +271,7 @@ static void r16_rows(size_t R, size_t planes, int fast, const uint8_t *wg, const
             _mm256_slli_epi32(sb, 23), _mm256_and_si256(zero, _mm256_set1_epi32(0x00400000))));        \
         __m256i d[8];                                                                                  \
         for (int j = 0; j < 4; ++j) {                                                                  \
-          if (!h) _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), _MM_HINT_T0);     \
+          if (!h) _mm_prefetch((const char *)(wg + 256 * b + 64 * j + R16_PREFETCH), R16_PREFETCH_HINT);     \
           const __m256i raw = _mm256_loadu_si256((const __m256i *)(wg + 256 * b + 64 * j + 32 * h));   \
           d[2 * j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, low4));                            \
           d[2 * j + 1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));  \
