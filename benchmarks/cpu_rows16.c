@@ -3,7 +3,8 @@
  * weights in L2 (n = 256, k = 2880: 368 KB) or streamed from DRAM (one of 256 experts of n = 2880 per call, 1.06 GB
  * in all: past a last-level cache of up to ~800 MB, as 64 of them, 265 MB, were not on a 480 MB one).  Prints GB/s of
  * packed weights per core, best of many calls.  Build: cc -O3 -march=native -falign-functions=64 -Ikernels/cpu
- * benchmarks/cpu_rows16.c -o /tmp/h (with the flags of a flavor: kernels/cpu FLAVORS and BASE_CFLAGS).  Random bytes; correctness is tests/kernels/test_cpu_mxint8.py's. */
+ * benchmarks/cpu_rows16.c -o /tmp/h (with the flags of a flavor: kernels/cpu FLAVORS and BASE_CFLAGS).  Random
+ * bytes; correctness is tests/kernels/test_cpu_mxint8.py's. */
 #include "../kernels/cpu/mxfp4_matvec.c"
 #include <stdio.h>
 #include <stdlib.h>
