@@ -336,12 +336,18 @@ def compile_stages(kernel: str, constexprs: dict, num_stages: int, triton_versio
     expert, 256-row tiles) whose K loop had exactly as many trips as stages (I = 256, BLOCK_K = 64, 4 stages)
     returned wrong rows for about half the tokens (H100 2026-11-25, H200 2026-11-28; 1, 2 or 3 stages right,
     and 3 or 5 trips right; Triton 3.9 right). So older Tritons pipeline a Hopper GEMM at most trips - 1 deep.
+    And the mid_wide tiles (128 token rows on 8 warps with 64-row tails) came out of Triton 3.6 wrong at 4 and 3
+    stages, JIT or AOT, a few rows a call and different ones each call (H200 2026-11-29, E,k,H,I = 32,4,512,768 at
+    900 and 1024 tokens, both weight orders: 0-17 rows a call; 2 stages and no tails right in 10-15 calls each,
+    Triton 3.9 cubins right; the large and sparse classes' tails right at their stages): there 2 stages.
     """
     major_minor = tuple(int(p) for p in triton_version.split("+")[0].split(".")[:2])
     if major_minor >= (3, 9) or kernel not in ("glu_gemm", "combine_gemm"):
         return num_stages
     if not constexprs.get("W_HOPPER"):
         return 1 if constexprs.get("BLOCK_M", 0) >= 128 else num_stages
+    if constexprs.get("TAIL_M", 0) and constexprs.get("BLOCK_M") == 128:
+        num_stages = min(num_stages, 2)
     return max(1, min(num_stages, _k_steps(kernel, constexprs) - 1))
 
 

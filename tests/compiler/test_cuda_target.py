@@ -308,6 +308,13 @@ def test_old_tritons_compile_the_prefill_gemms_unpipelined():
     assert compile_stages("combine_gemm", shared_w2, 4, "3.9.0") == 4
     assert compile_stages("combine_gemm", {**shared_w2, "INTERMEDIATE": 320}, 4, "3.6.0") == 4
     assert compile_stages("glu_gemm", shared_w2, 4, "3.6.0") == 4  # K = H = 384: 6 trips
+    # mid_wide (128 token rows, 64-row tails) gave a few wrong rows a call with Triton 3.6 at 3-4 stages: 2 there
+    mid_wide = {"W_HOPPER": True, "BLOCK_M": 128, "TAIL_M": 64, "BLOCK_K": 64, "INTERMEDIATE": 768, "HIDDEN": 512}
+    assert compile_stages("glu_gemm", mid_wide, 4, "3.6.0") == 2
+    assert compile_stages("combine_gemm", mid_wide, 4, "3.6.0") == 2
+    assert compile_stages("glu_gemm", mid_wide, 4, "3.9.0") == 4
+    assert compile_stages("glu_gemm", {**mid_wide, "TAIL_M": 0}, 4, "3.6.0") == 4  # prefill: right at 4 stages
+    assert compile_stages("glu_gemm", {**mid_wide, "BLOCK_M": 256, "TAIL_M": 128}, 3, "3.6.0") == 3  # large
     assert compile_stages("combine_gemm", {**shared_w2, "BLOCK_K": 256, "SPLIT_K": 2, "INTERMEDIATE": 512}, 3,
                           "3.6.0") == 1
 

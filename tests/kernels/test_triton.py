@@ -1047,14 +1047,17 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("T", [1, 64, 200, 1024, 4096])
+@pytest.mark.parametrize("T", [1, 64, 200, 900, 1024, 4096])
 def test_gpu_medium_shape(T, target, near_tie_tokens):
+    """Three calls each: a miscompiled pipeline (Triton 3.6's mid_wide, tile_config.compile_stages) got a few rows
+    wrong, different ones each call."""
     arch_layout = TARGETS[target]
     for opts in (dict(), dict(activation="silu", interleaved=False)):
         spec = layer_spec(32, 4, 512, 768, arch_layout, **opts)
         weights = random_weights(spec, seed=T)
-        check_forward(executor(spec, weights, arch_layout[0]), spec, weights, tokens(T, 512, seed=T),
-                      near_tie_tokens)
+        ex = executor(spec, weights, arch_layout[0])
+        for _ in range(3):
+            check_forward(ex, spec, weights, tokens(T, 512, seed=T), near_tie_tokens)
 
 
 @pytest.mark.gpu
