@@ -200,6 +200,7 @@ class ShardedMoE(nn.Module):
         #: time each collective to its end: on CUDA tensors a collective only enqueues, so ``collective_s`` then
         #: counts a device synchronization before and after each one (off by default: it costs the overlap)
         self.sync_timing = False
+        self._owner_table = None  # the ep rank of each global expert, on the tokens' device (_owners)
 
     def extra_repr(self) -> str:
         return (f"ep={self.spec.ep}, tp={self.spec.tp}, rank={self.spec.rank}, "
@@ -338,7 +339,7 @@ class ShardedMoE(nn.Module):
 
     def _owners(self, device) -> torch.Tensor:
         """The ep rank holding each global expert, on ``device`` (made once per device)."""
-        cached = getattr(self, "_owner_table", None)
+        cached = self._owner_table
         if cached is None or cached.device != device:
             owner = torch.empty(self.config.num_experts, dtype=torch.int64)
             for r in range(self.spec.ep):
