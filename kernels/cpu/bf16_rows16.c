@@ -357,7 +357,7 @@ static void item_bf16_rows16(const item_t *it, const uint16_t *xq, size_t S, siz
     /* C tiles 0-3 and A tiles 4-5 as many rows as the item has, up to 16 (a smaller item multiplies only its
      * rows), B tiles 6-7 sixteen */
     for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 && rows < 16 ? (uint8_t)rows : 16;
-    _tile_loadconfig(&cfg);
+    amx_load_config(&cfg);
   }
 #else
   (void)try_amx;

@@ -896,6 +896,13 @@ typedef struct {
   uint8_t rows[16];
 } amx_config_t;
 
+/* LDTILECFG of cfg.  GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the operand, so stores to the
+ * rows and widths may be dropped as dead (a prototype on 2026-11-29 lost all of them: the first tile load then
+ * faulted); the operand is passed whole here. */
+static inline void amx_load_config(const amx_config_t *cfg) {
+  __asm__ volatile("ldtilecfg %0" : : "m"(*cfg));
+}
+
 /* 16 rows of 16 dwords -> their transpose (r[i] dword j -> r[j] dword i) */
 static inline void transpose16x16(__m512i r[16]) {
   __m512i t[16], u[16];
@@ -956,7 +963,7 @@ static int item_amx(const item_t *it, const uint16_t *x0) {
   amx_config_t cfg = {0};
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  amx_load_config(&cfg);
   /* C tiles: output group og in tile og (the intrinsics take constant tile numbers); AMX_C_OP(OP, og, ptr) is OP(og,
    * ptr, 64) on C tile og, e.g. AMX_DP46: its TDPBF16PS with A tile 4 and B tile 6, AMX_ZERO: zeroing it */
 #define AMX_C_OP(OP, og, ptr)                \
