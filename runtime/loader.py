@@ -47,6 +47,11 @@ class LoadedModule(EntryPoints):
         #: whether the weights are read from the artifact's mapping at every call (else they were copied at load)
         self.mapped = mapped
 
+    @property
+    def kernel_plan(self) -> dict | None:
+        """The Triton kernel plan of a cuda artifact (None for IREE targets), as ``CompiledModule.kernel_plan``."""
+        return getattr(self._code, "plan", None)
+
     def __repr__(self) -> str:
         sig = ", ".join(s.describe() for s in self.inputs)
         return f"<mxmoe module {self.path.name} target={self.target} ({sig})>"
@@ -65,9 +70,11 @@ def load(path: str | os.PathLike, device: str | None = None, *, weights: str | o
     Triton's interpreter on the CPU (slow; for tests).
     ``weight_set``: which embedded weight set to bind (artifacts compiled from a whole checkpoint hold
     one per layer, named ``layer.N``; ``layer=N`` alone picks ``layer.N``); default: the artifact's default set.
-    ``weights``: for artifacts saved with external weights (or to override embedded ones), a gpt-oss
-    checkpoint directory (with ``layer``), or a safetensors file whose tensors are named like the
-    artifact's parameters; the runtime applies each parameter's stored form (padding, layout).
+    ``weights``: for artifacts saved with external weights or none (or to override embedded ones), a gpt-oss
+    checkpoint directory (with ``layer``), a safetensors file whose tensors are named like the artifact's
+    parameters, or weights already in memory: a mapping of parameter name to array (numpy, or a torch tensor on any
+    device), or an ``MoEWeights`` of the layer the artifact was compiled from (its fields named by the manifest's
+    ``model``); the runtime applies each parameter's stored form (padding, layout).
     ``rank``: for an artifact holding the parts of a sharded layer (``mxmoe compile --shard``), the rank whose part
     to load (its weight set ``rank.R``); such an artifact refuses to load without it, since one rank's part alone
     is not the layer (``mxmoe.distributed.load`` runs it with the collectives, docs/distributed.md).
@@ -183,9 +190,52 @@ def _parameter_arrays(art: Artifact, weights, weight_set, layer, verify,
             if info["kind"] == KIND_SAFETENSORS:
                 return read_safetensors_view(view, f"{art.path}:{ws['section']}"), ws["name"]
             return _irpa_arrays(art, view), ws["name"]
+    if _in_memory(weights):
+        return stored_parameters(art.manifest, _memory_weights(art, weights)), "memory"
+    if weights is None and art.manifest["weights"].get("storage") == "none":
+        raise WeightsError(f"{art.path}: weights are not in the artifact; pass weights=... (a checkpoint, a "
+                           "safetensors file, or MoEWeights / arrays in memory)")
     src, set_name = _external_source(art, weights, weight_set, layer)
     raw = raw_weights(art, src)
     return stored_parameters(art.manifest, raw), set_name
+
+
+def _in_memory(weights) -> bool:
+    return weights is not None and not isinstance(weights, (str, os.PathLike))
+
+
+def _memory_weights(art: Artifact, weights) -> dict[str, np.ndarray]:
+    """Logical arrays by parameter name from weights held in memory: a mapping by parameter name, or an object
+    whose attributes are the fields of the manifest's ``model`` (an ``MoEWeights``)."""
+    if isinstance(weights, Mapping):
+        named = dict(weights)
+    else:
+        model = art.manifest.get("model") or {}
+        fields = model.get("parameters")
+        if model.get("kind") != "moe" or not fields:
+            raise WeightsError(f"{art.path}: not compiled from an MoE layer; pass weights as a mapping of "
+                               f"parameter name to array, not a {type(weights).__name__}")
+        missing = [f for f in fields if not hasattr(weights, f)]
+        if missing:
+            raise WeightsError(f"{art.path}: a {type(weights).__name__} has no {', '.join(missing)}; pass MoEWeights "
+                               "or a mapping of parameter name to array")
+        named = {param: getattr(weights, field) for field, param in fields.items()
+                 if getattr(weights, field) is not None}
+    return {name: _host_array(name, a) for name, a in named.items()}
+
+
+def _host_array(name: str, a) -> np.ndarray:
+    """A numpy array of ``a`` (a torch tensor is read back to the host; bf16 as numpy's bfloat16)."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "detach"):  # a torch tensor, without importing torch here
+        from mxmoe.core.bridge import to_numpy
+
+        return to_numpy(a)
+    try:
+        return np.asarray(a)
+    except (TypeError, ValueError):
+        raise WeightsError(f"weight '{name}': expected an array, got {type(a).__name__}") from None
 
 
 def _irpa_arrays(art: Artifact, view: memoryview) -> dict[str, np.ndarray]:

@@ -1,5 +1,5 @@
-"""Shared pytest set-up: GPU tests skip on machines without CUDA; the ``rss_bytes`` and
-``near_tie_tokens`` fixtures."""
+"""Shared pytest set-up: GPU tests skip on machines without CUDA; the ``rss_bytes``, ``near_tie_tokens`` and
+``gpu_module`` fixtures."""
 
 import os
 
@@ -114,3 +114,33 @@ def rocm_form_on_cpu():
     from mxmoe.compiler.targets import rocm_form_on_cpu as form
 
     return form
+
+
+#: where GPU tests find what a machine with the compiler built for them (the GPU machines here have no IREE)
+GPU_PLANS_ENV = "MXMOE_GPU_PLANS"
+
+
+def prebuilt_path(root: str, key: str) -> str:
+    """Where ``tests/write_gpu_modules.py`` puts the module a GPU test names ``key``."""
+    return os.path.join(root, "prebuilt", f"{key}.mxmoe")
+
+
+@pytest.fixture(scope="session")
+def gpu_module():
+    """``gpu_module(key, layer, target, **options)``: ``mxmoe.compile(layer, target=target, **options)``, or, on a
+    machine without the compiler, the same module built ahead of time (``tests/write_gpu_modules.py`` writes every
+    test's ``GPU_MODULES`` under ``$MXMOE_GPU_PLANS/prebuilt``, without weights) bound to ``layer``'s weights. Skips
+    when neither is there."""
+
+    def get(key: str, layer, target: str, **options):
+        root = os.environ.get(GPU_PLANS_ENV)
+        if root and os.path.exists(prebuilt_path(root, key)):
+            from mxmoe.runtime import load
+
+            return load(prebuilt_path(root, key), weights=layer.to_weights())
+        pytest.importorskip("iree.compiler", reason=f"no compiler here and no {key} under ${GPU_PLANS_ENV}")
+        import mxmoe
+
+        return mxmoe.compile(layer, target=target, **options)
+
+    return get

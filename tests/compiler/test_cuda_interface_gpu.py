@@ -3,8 +3,11 @@ ahead of time for this GPU's arch (cubins, not the interpreter), at token counts
 reference ``MoE`` on the same GPU. The same features run under the interpreter in tests/torch_frontend/test_entries.py
 and tests/compiler/test_cuda_target.py; here the compiled kernels meet them, with larger batches.
 
-Run on the GPU machine: ``python -m pytest -q -m gpu tests/compiler/test_cuda_interface_gpu.py``.
+Run on the GPU machine: ``python -m pytest -q -m gpu tests/compiler/test_cuda_interface_gpu.py`` (with
+``MXMOE_GPU_PLANS`` where it lacks the compiler: ``tests/write_gpu_modules.py``).
 """
+
+import functools
 
 import pytest
 import torch
@@ -35,15 +38,23 @@ def _arch() -> str:
     return "cuda:sm_100" if major >= 10 else "cuda:sm_90"
 
 
-@pytest.fixture(scope="module", params=list(FEATURES))
-def compiled(request):
-    pytest.importorskip("iree.compiler", reason="compiles on this machine")
-    import mxmoe
+def _layer(feature: str):
     from mxmoe.core.config import MoEConfig
     from mxmoe.torch_frontend import MoE
 
-    layer = MoE.random(MoEConfig(**{**BASE, **FEATURES[request.param]}), seed=11)
-    cm = mxmoe.compile(layer, target=_arch(), entries="all")
+    return MoE.random(MoEConfig(**{**BASE, **FEATURES[feature]}), seed=11)
+
+
+#: the modules tests/write_gpu_modules.py builds for a GPU machine without the compiler: key -> (layer, target,
+#: compile options)
+GPU_MODULES = {f"interface-{f}-sm_90": (functools.partial(_layer, f), "cuda:sm_90", {"entries": "all"})
+               for f in FEATURES}
+
+
+@pytest.fixture(scope="module", params=list(FEATURES))
+def compiled(request, gpu_module):
+    layer = _layer(request.param)
+    cm = gpu_module(f"interface-{request.param}-{_arch().split(':')[1]}", layer, _arch(), entries="all")
     yield layer.cuda(), cm
     torch.cuda.empty_cache()
 

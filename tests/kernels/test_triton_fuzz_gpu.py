@@ -2,11 +2,13 @@
 for, at token counts on both sides of every shape class boundary of each plan up to 16384, every row against the
 reference with a tie-aware routing check (rows whose k-th and (k+1)-th logits are closer than the contract's
 rounding may take either expert: they are checked to be within tolerance of *some* output, i.e. skipped for the
-row check, and counted). Compiles on the GPU machine (the compiler's IREE bindings carried there); skipped
-without a GPU.
+row check, and counted). Compiles on the GPU machine, or takes the modules tests/write_gpu_modules.py built
+elsewhere (``MXMOE_GPU_PLANS``); skipped without a GPU.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -25,6 +27,28 @@ SHAPES = [
 ]
 
 
+def _id(s) -> str:
+    return "E{}k{}H{}I{}-{}-{}-{}".format(*s[:4], s[4][:6], s[5][:6], "bias" if s[6] else "nobias")
+
+
+def _key(shape) -> str:
+    return f"fuzz-{_id(shape)}"
+
+
+def _layer(shape):
+    from mxmoe.core.config import MoEConfig
+    from mxmoe.torch_frontend import MoE
+
+    E, k, H, I, routing, activation, bias = shape
+    cfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I, routing=routing, activation=activation,
+                    bias=bias, router_bias=bias, renormalize=routing == "softmax_topk")
+    return MoE.random(cfg, seed=E * 31 + k)
+
+
+#: the modules tests/write_gpu_modules.py builds for a GPU machine without the compiler
+GPU_MODULES = {_key(s): (functools.partial(_layer, s), "cuda:sm_90", {}) for s in SHAPES}
+
+
 def _token_counts(plan) -> list[int]:
     bounds = [c["max_tokens"] for c in plan["classes"] if c["max_tokens"] is not None]
     ts = {1, 16384}
@@ -33,19 +57,11 @@ def _token_counts(plan) -> list[int]:
     return sorted(t for t in ts if 1 <= t <= 16384)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "E{}k{}H{}I{}-{}-{}-{}".format(*s[:4], s[4][:6], s[5][:6],
-                                                                                      "bias" if s[6] else "nobias"))
-def test_gpu_shape_fuzz_every_class_boundary(shape, near_tie_tokens):
-    pytest.importorskip("iree.compiler", reason="compiles on the GPU machine")
-    import mxmoe
-    from mxmoe.core.config import MoEConfig
-    from mxmoe.torch_frontend import MoE
-
+@pytest.mark.parametrize("shape", SHAPES, ids=_id)
+def test_gpu_shape_fuzz_every_class_boundary(shape, near_tie_tokens, gpu_module):
     E, k, H, I, routing, activation, bias = shape
-    cfg = MoEConfig(num_experts=E, top_k=k, hidden=H, intermediate=I, routing=routing, activation=activation,
-                    bias=bias, router_bias=bias, renormalize=routing == "softmax_topk")
-    layer = MoE.random(cfg, seed=E * 31 + k)
-    cm = mxmoe.compile(layer, target="cuda:sm_90")
+    layer = _layer(shape)
+    cm = gpu_module(_key(shape), layer, "cuda:sm_90")
     gpu = layer.cuda()
     ties_total = 0
     for T in _token_counts(cm.kernel_plan):

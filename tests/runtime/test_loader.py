@@ -325,6 +325,29 @@ def test_deploy_time_transform_equals_the_compilers(padded, tmp_path):
     assert _err(load(tmp_path / "pad_emb.mxmoe")(x), layer(x)) < TOL
 
 
+def test_weights_bound_from_memory(padded, tmp_path):
+    """An artifact saved without weights, bound at load to weights the caller holds: the layer's MoEWeights, or a
+    mapping of parameter name to torch tensor; the same outputs, bit for bit, as the compiler's embedded weights."""
+    layer, compiled = padded
+    p = tmp_path / "none.mxmoe"
+    compiled.save(p, weights="none")
+    compiled.save(tmp_path / "emb.mxmoe")
+    x = _x(23, 64, 11)
+    want = load(tmp_path / "emb.mxmoe")(x)
+    by_fields = load(p, weights=layer.to_weights())
+    assert by_fields.weight_set == "memory" and torch.equal(by_fields(x), want)
+    tensors = {param: getattr(layer, field) for field, param in compiled.model["parameters"].items()
+               if getattr(layer, field) is not None}
+    assert torch.equal(load(p, weights=tensors)(x), want)
+    assert _err(want, layer(x)) < TOL
+    with pytest.raises(WeightsError, match=r"none.mxmoe: a object has no router_weight, .*, w13, .*; pass MoEWeights or a mapping"):
+        load(p, weights=object())
+    with pytest.raises(WeightsError, match="weights lack tensors: w2"):
+        load(p, weights={k: v for k, v in tensors.items() if k != "w2"})
+    with pytest.raises(WeightsError, match="weights are not in the artifact; pass weights="):
+        load(p)
+
+
 def test_external_weights_with_wrong_shape(compiled, tmp_path):
     raw = {n: np.zeros((1,), compiled.parameters[n].dtype) for n in compiled.model["parameters"]}
     st = tmp_path / "bad.safetensors"

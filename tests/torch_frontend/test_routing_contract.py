@@ -230,14 +230,19 @@ def _issue_layer_and_tokens():
     return layer, x
 
 
+_ISSUE_OPTIONS = ("", "deterministic", "batch_invariant")
+#: the modules tests/write_gpu_modules.py builds for a GPU machine without the compiler
+GPU_MODULES = {f"routing-issue-{opt or 'default'}": (lambda: _issue_layer_and_tokens()[0], "cuda:sm_90",
+                                                     {opt: True} if opt else {}) for opt in _ISSUE_OPTIONS}
+
+
 @pytest.fixture(scope="module")
-def issue_modules():
+def issue_modules(gpu_module):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    pytest.importorskip("iree.compiler", reason="compiles on the GPU machine")
     layer, x = _issue_layer_and_tokens()
-    modules = {opt: mxmoe.compile(layer, target="cuda:sm_90", **({opt: True} if opt else {}))
-               for opt in ("", "deterministic", "batch_invariant")}
+    modules = {opt: gpu_module(f"routing-issue-{opt or 'default'}", layer, "cuda:sm_90", **({opt: True} if opt else {}))
+               for opt in _ISSUE_OPTIONS}
     return layer, x, modules
 
 
