@@ -8,14 +8,12 @@ the imported arrays, so padding and layout cost nothing at run time.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import numpy as np
 from iree.compiler import ir
 
 from mxmoe.compiler import dialect
 from mxmoe.compiler.passes import pad
-from mxmoe.core.stored_form import StoredForm
+from mxmoe.core.stored_form import StoredForm, store_parameters  # noqa: F401  (store_parameters: where callers found it)
 
 LAYOUT, ROLE = dialect.LAYOUT_ATTR, dialect.ROLE_ATTR
 
@@ -39,14 +37,3 @@ def stored_forms(module_op: ir.Operation) -> dict[str, StoredForm]:
             layout=dialect.py_attr(attrs[LAYOUT]) if LAYOUT in attrs else None,
             role=dialect.py_attr(attrs[ROLE]) if ROLE in attrs else None)
     return forms
-
-
-def store_parameters(forms: Mapping[str, StoredForm], params: Mapping[str, np.ndarray],
-                     labels: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
-    """Apply each parameter's stored form; every global must have its array and vice versa. Errors name a weight by
-    ``labels[global]`` where given (the model's name for it), else by its global's name."""
-    missing = sorted(set(forms) - set(params))
-    if missing:
-        raise ValueError(f"no array for weight global(s): {', '.join(missing)}")
-    labels = labels or {}
-    return {name: forms[name].apply(labels.get(name, name), params[name]) for name in forms}

@@ -10,6 +10,7 @@ time without the compiler.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -104,3 +105,14 @@ def pad_array(a: np.ndarray, shape: tuple[int, ...], fill, halves: bool = False)
     out = np.full(shape, fill, dtype=a.dtype)
     out[tuple(slice(0, d) for d in a.shape)] = a
     return out
+
+
+def store_parameters(forms: Mapping[str, StoredForm], params: Mapping[str, np.ndarray],
+                     labels: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Apply each parameter's stored form; every global must have its array and vice versa. Errors name a weight by
+    ``labels[global]`` where given (the model's name for it), else by its global's name."""
+    missing = sorted(set(forms) - set(params))
+    if missing:
+        raise ValueError(f"no array for weight global(s): {', '.join(missing)}")
+    labels = labels or {}
+    return {name: forms[name].apply(labels.get(name, name), params[name]) for name in forms}

@@ -18,8 +18,14 @@ The lifecycle follows how engines drive such a method, so an integration is a th
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import math
+import os
 import threading
+import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +42,10 @@ __all__ = ["Mxfp4MoEMethod"]
 #: compiled templates (no weights) by (config, dtype, target, entries): every layer of one shape shares one
 _TEMPLATES: dict[tuple, Any] = {}
 _TEMPLATES_LOCK = threading.Lock()
+#: a folder of compiled templates, written ahead of time (artifacts without weights, one per layer shape, target and
+#: options): :func:`layer_template` reads one there before compiling and writes what it compiles, so a serving
+#: machine without the compiler (no IREE) runs what a build machine with the same mxmoe wrote (docs/engine.md)
+TEMPLATES_ENV = "MXMOE_TEMPLATES"
 
 
 def _round_up(n: int, m: int) -> int:
@@ -47,8 +57,6 @@ def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries, opt
     (``options``: more of ``mxmoe.compile``'s keywords): compiled on first use, then shared by every layer of that
     shape in this process."""
     from mxmoe.compiler.targets import get_target
-    from mxmoe.torch_frontend.compile import compile as mx_compile
-    from mxmoe.torch_frontend.moe import MoE
 
     target = get_target(target)
     options = dict(options or {})
@@ -56,14 +64,79 @@ def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries, opt
     with _TEMPLATES_LOCK:
         found = _TEMPLATES.get(key)
         if found is None:
-            compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries), **options)
-            found = _TEMPLATES[key] = compiled.without_weights()
+            folder = os.environ.get(TEMPLATES_ENV)
+            path = None
+            if folder:
+                path = Path(folder) / f"{template_key(weights.config, dtype, target, entries, options)}.mxmoe"
+                found = _read_template(path)
+            if found is None:
+                if path is not None and not _has_compiler():
+                    raise RuntimeError(f"no compiled template for this layer ({_describe(weights.config)}, {dtype}, "
+                                       f"{target.name}) in ${TEMPLATES_ENV}={folder} ({path.name}), and no compiler "
+                                       "here (iree-base-compiler) to build it: write it with the same mxmoe on a "
+                                       "machine that has one")
+                from mxmoe.torch_frontend.compile import compile as mx_compile
+                from mxmoe.torch_frontend.moe import MoE
+
+                compiled = mx_compile(MoE(weights, dtype=dtype), target, entries=list(entries), **options)
+                found = compiled.without_weights()
+                if path is not None:
+                    _write_template(found, path)
+            _TEMPLATES[key] = found
     return found
+
+
+def template_key(config: MoEConfig, dtype: torch.dtype, target, entries, options: dict) -> str:
+    """The file name (SHA-256) of a template in ``$MXMOE_TEMPLATES``: the layer's config, activation dtype, target
+    (all its fields: arch, layout, padding), entries and compile options, and the mxmoe that compiled it (its version and a fingerprint of the sources that
+    make compiled code), so a template from other code is never taken."""
+    from mxmoe.compiler.targets import get_target
+    from mxmoe.core._version import __version__
+    from mxmoe.torch_frontend.compile_cache import source_fingerprint
+
+    material = {"config": config.to_dict(), "dtype": str(dtype), "target": repr(get_target(target)),
+                "entries": list(entries), "options": {k: options[k] for k in sorted(options)},
+                "mxmoe": __version__, "sources": source_fingerprint()}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _read_template(path: Path):
+    """The template at ``path`` (checked: every section's SHA-256), or None where there is none."""
+    from mxmoe.compiler.compiled import CompiledModule
+    from mxmoe.runtime.artifact import Artifact, ArtifactError
+
+    if not path.exists():
+        return None
+    try:
+        art = Artifact(path)
+        art.verify()
+        return CompiledModule.from_artifact(art)
+    except ArtifactError as e:
+        raise RuntimeError(f"{path}: unreadable compiled template ({e}); delete it to rebuild") from None
+
+
+def _write_template(template, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        template.save(path, weights="none", source={"kind": "engine template", "file": path.name})
+    except OSError as e:
+        warnings.warn(f"mxmoe: cannot write the compiled template {path} ({e}); continuing without it", stacklevel=3)
+
+
+def _has_compiler() -> bool:
+    try:
+        return importlib.util.find_spec("iree.compiler") is not None
+    except ModuleNotFoundError:  # no iree package at all
+        return False
+
+
+def _describe(config: MoEConfig) -> str:
+    return f"E={config.num_experts} k={config.top_k} H={config.hidden} I={config.intermediate}"
 
 
 def store_layer(template, weights: MoEWeights) -> dict[str, np.ndarray]:
     """``weights`` as the arrays ``template`` reads (padded, in its target's layout), by parameter name."""
-    from mxmoe.compiler.parameters import store_parameters
+    from mxmoe.core.stored_form import store_parameters
 
     # the compiled module's parameters are the layer's buffers, named like the MoEWeights fields
     raw = {spec.name: np.asarray(getattr(weights, spec.name)).astype(numpy_dtype(spec.dtype), copy=False)
@@ -161,9 +234,8 @@ class Mxfp4MoEMethod:
             layer.register_parameter(VLLM_NAMES[field], nn.Parameter(t, requires_grad=False))
 
     # ---------------------------------------------------------------------------------- 2-3. convert once
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Convert the loaded parameters to the target's layout and bind them to the compiled module (compiled
-        once per layer shape and target, shared by every layer of that shape)."""
+    def _loaded_weights(self, layer: nn.Module) -> MoEWeights:
+        """The layer's loaded parameters as logical MXFP4 weights (floats as fp32)."""
         fields = {}
         for field, name in VLLM_NAMES.items():
             if field.startswith("router"):
@@ -175,8 +247,19 @@ class Mxfp4MoEMethod:
             a = to_numpy(p)
             a = a.astype(np.float32) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
             fields[field] = a[None] if field.startswith("shared_w") else a
-        weights = MoEWeights(self.config, None, None, **fields)
-        layer._mxmoe_module = bind_layer(weights, self.params_dtype, self.target, self.entries,
+        return MoEWeights(self.config, None, None, **fields)
+
+    def template(self, layer: nn.Module):
+        """The compiled module (without weights) ``layer`` binds to: compiled, or read from ``$MXMOE_TEMPLATES``,
+        where it is also written; a build machine with the compiler but no GPU can so write a model's templates
+        for serving machines without the compiler (docs/interface.md)."""
+        return layer_template(self._loaded_weights(layer), self.params_dtype, self.target, self.entries,
+                              self.compile_options)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Convert the loaded parameters to the target's layout and bind them to the compiled module (compiled
+        once per layer shape and target, shared by every layer of that shape)."""
+        layer._mxmoe_module = bind_layer(self._loaded_weights(layer), self.params_dtype, self.target, self.entries,
                                          self.compile_options)
         layer._mxmoe_device = next((p.device for p in layer.parameters()), torch.device("cpu"))
         layer._mxmoe_reserved = False

@@ -7,7 +7,10 @@ Each test file in ``FILES`` names what it compiles in ``GPU_MODULES`` (key -> (l
 options)). Every module is compiled here and written without weights (a few MB of cubins and plan each) to
 ``DIR/prebuilt/KEY.mxmoe``; the tests' ``gpu_module`` fixture (tests/conftest.py) loads it there and binds the
 layer's own weights, which the test makes from the same seed. A key that exists is rebuilt (the code may have
-changed). With prefixes, only the keys that start with one of them.
+changed). With prefixes, only the keys that start with one of them ("templates": the engine's, below).
+
+The engine's GPU test binds modules through ``Mxfp4MoEMethod``, which reads compiled templates from
+``$MXMOE_TEMPLATES``: they are written to ``DIR/templates`` (point ``MXMOE_TEMPLATES`` there on the GPU machine).
 """
 
 from __future__ import annotations
@@ -38,6 +41,19 @@ def gpu_modules() -> dict:
     return out
 
 
+def write_templates(folder: str) -> None:
+    """The engine's compiled templates its GPU test binds (tests/mxmoe/test_engine.py ``gpu_template_layers``),
+    written as ``$MXMOE_TEMPLATES`` would hold them: the test's method asked for each layer's template here."""
+    os.environ["MXMOE_TEMPLATES"] = folder
+    spec = importlib.util.spec_from_file_location("_gpu_templates_engine", os.path.join(HERE, "mxmoe/test_engine.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for case, method, layer in mod.gpu_template_layers():
+        t0 = time.perf_counter()
+        method.template(layer)
+        print(f"engine template {case}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -54,6 +70,8 @@ def main(argv: list[str]) -> int:
         path = os.path.join(root, "prebuilt", f"{key}.mxmoe")
         cm.save(path, weights="none")
         print(f"{key}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.0f} s", flush=True)
+    if not prefixes or "templates".startswith(prefixes):
+        write_templates(os.path.join(root, "templates"))
     return 0
 
 

@@ -375,25 +375,15 @@ class _Compiled:
 
     @classmethod
     def from_artifact(cls, key: str, art) -> "_Compiled":
-        from mxmoe.compiler.api import CompiledModule
-        from mxmoe.compiler.targets import get_target
-        from mxmoe.core.signature import EntrySignature, TensorSpec
-        from mxmoe.core.stored_form import StoredForm
+        from mxmoe.compiler.compiled import CompiledModule
 
-        m = art.manifest
-        tgt = get_target(m["target"]["name"])
-        template = CompiledModule(
-            target=tgt, entries=[EntrySignature.from_dict(d) for d in m["entries"]], code=art.code(), parameters={},
-            mlir="",
-            parameter_specs=[TensorSpec(p["name"], p["dtype"], tuple(p["shape"])) for p in m["parameters"]],
-            stored_forms={p["name"]: StoredForm.from_dict(p["form"]) for p in m["parameters"] if p.get("form")})
-        names = {int(k): v for k, v in m["source"]["param_names"].items()}
-        return cls(key, template, names)
+        names = {int(k): v for k, v in art.manifest["source"]["param_names"].items()}
+        return cls(key, CompiledModule.from_artifact(art), names)
 
     def bind(self, weights: dict[int, torch.Tensor], names: Optional[dict[int, str]] = None) -> Callable:
         """``(*activations) -> list[Tensor]`` running the compiled module with ``weights`` as its parameters; errors
         name a weight by ``names[i]`` (the graph's name for region input ``i``)."""
-        from mxmoe.compiler.parameters import store_parameters
+        from mxmoe.core.stored_form import store_parameters
 
         raw = {self.param_names[i]: to_numpy(t) for i, t in weights.items()}
         forms = self.template.stored_forms

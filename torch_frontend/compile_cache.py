@@ -37,7 +37,7 @@ _SOURCES = ("mxmoe.core", "mxmoe.kernels", "mxmoe.compiler", "mxmoe.torch_fronte
 
 
 @functools.cache
-def _source_fingerprint() -> str:
+def source_fingerprint() -> str:
     """SHA-256 over the sources in ``_SOURCES``: a changed pass is a new key, even while the package version
     stays the same during development."""
     import importlib
@@ -66,7 +66,7 @@ def environment() -> dict[str, str]:
         except PackageNotFoundError:
             return "absent"
 
-    return {"mxmoe": __version__, "mxmoe_sources": _source_fingerprint(),
+    return {"mxmoe": __version__, "mxmoe_sources": source_fingerprint(),
             "iree_compiler": ver("iree-base-compiler"), "iree_runtime": ver("iree-base-runtime"),
             "triton": ver("triton"), "torch": torch.__version__}
 

@@ -187,6 +187,48 @@ def test_layers_of_one_shape_share_one_compiled_module():
     assert layers[0]._mxmoe_module is not layers[1]._mxmoe_module
 
 
+def test_templates_folder_serves_a_machine_without_the_compiler(tmp_path, monkeypatch):
+    """With ``MXMOE_TEMPLATES``, the module compiled for a layer shape is written there; a process without the
+    compiler takes it from there and gives the same bits; a corrupt template and a missing one are one-line errors."""
+    import mxmoe.engine as engine
+
+    monkeypatch.setenv(engine.TEMPLATES_ENV, str(tmp_path))
+    monkeypatch.setattr(engine, "_TEMPLATES", {})
+    cfg = MoEConfig(router=False, router_bias=False, **CASES["gpt-oss"])
+    w = MoEWeights.random(cfg, seed=7)
+
+    def run():
+        method = _method(cfg, w, target=PADDED_CPU)
+        layer = nn.Module()
+        method.create_weights(layer, params_dtype=torch.bfloat16)
+        _load(layer, w, cfg, method)
+        method.process_weights_after_loading(layer)
+        g = torch.Generator().manual_seed(3)
+        return method.apply_monolithic(layer, torch.randn(9, cfg.hidden, generator=g).bfloat16(),
+                                       torch.randn(9, cfg.experts_routed, generator=g).bfloat16())
+
+    first = run()
+    files = list(tmp_path.glob("*.mxmoe"))
+    assert len(files) == 1
+
+    def no_compiler(*a, **k):
+        raise AssertionError("compiled although the template was there")
+
+    monkeypatch.setattr("mxmoe.torch_frontend.compile.compile", no_compiler)
+    monkeypatch.setattr(engine, "_has_compiler", lambda: False)
+    monkeypatch.setattr(engine, "_TEMPLATES", {})
+    assert torch.equal(run(), first)
+    files[0].write_bytes(b"not an artifact")
+    monkeypatch.setattr(engine, "_TEMPLATES", {})
+    with pytest.raises(RuntimeError, match=r"\.mxmoe: unreadable compiled template \(.*\); delete it to rebuild"):
+        run()
+    files[0].unlink()
+    monkeypatch.setattr(engine, "_TEMPLATES", {})
+    with pytest.raises(RuntimeError, match=r"no compiled template for this layer \(E=8 k=2 H=64 I=128, torch.bfloat16, "
+                                           r"cpu\) in \$MXMOE_TEMPLATES=.*, and no compiler here"):
+        run()
+
+
 def test_deepseek_routing_in_the_monolithic_entry():
     """DeepSeek-V3's routing through the engine method: fp32 router logits, the correction bias loaded into
     ``e_score_correction_bias`` (fp32), groups, scaling."""
@@ -213,13 +255,37 @@ def test_deepseek_routing_in_the_monolithic_entry():
     assert relative_error(y.float().numpy(), ref) <= TOL
 
 
+def _compiler_or_templates() -> None:
+    """Skip where the cuda modules can be neither compiled (no IREE) nor taken from ``$MXMOE_TEMPLATES``
+    (tests/write_gpu_modules.py writes the GPU tests' templates)."""
+    import os
+
+    from mxmoe.engine import TEMPLATES_ENV, _has_compiler
+
+    if not _has_compiler() and not os.environ.get(TEMPLATES_ENV):
+        pytest.skip(f"no compiler here and ${TEMPLATES_ENV} not set")
+
+
+#: the engine's GPU test layers, for tests/write_gpu_modules.py: it runs each through the method on the build machine
+#: (target cuda:sm_90, nothing bound) with $MXMOE_TEMPLATES set, which writes their templates
+def gpu_template_layers():
+    for case in CASES:
+        cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
+        w = MoEWeights.random(cfg, seed=7)
+        method = _method(cfg, w, target="cuda:sm_90", max_capture_size=256)
+        layer = nn.Module()
+        method.create_weights(layer, params_dtype=torch.bfloat16)
+        _load(layer, w, cfg, method)
+        yield case, method, layer
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", list(CASES))
 def test_cuda_graph_capture_on_the_gpu(case):
     """``max_capture_size`` on a GPU: apply and apply_monolithic captured in CUDA graphs and replayed with new inputs
     give what eager calls give, which match the reference."""
-    pytest.importorskip("iree.compiler")
+    _compiler_or_templates()
     cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
     w = MoEWeights.random(cfg, seed=7)
     method = _method(cfg, w, target="cuda:sm_90", max_capture_size=256)
