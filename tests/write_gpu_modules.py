@@ -9,8 +9,9 @@ options)). Every module is compiled here and written without weights (a few MB o
 layer's own weights, which the test makes from the same seed. A key that exists is rebuilt (the code may have
 changed). With prefixes, only the keys that start with one of them ("templates": the engine's, below).
 
-The engine's GPU test binds modules through ``Mxfp4MoEMethod``, which reads compiled templates from
-``$MXMOE_TEMPLATES``: they are written to ``DIR/templates`` (point ``MXMOE_TEMPLATES`` there on the GPU machine).
+The engine's and the transformers families' GPU tests bind modules through ``Mxfp4MoEMethod`` and the experts
+integration, which read compiled templates from ``$MXMOE_TEMPLATES``: they are written to ``DIR/templates`` (point
+``MXMOE_TEMPLATES`` there on the GPU machine).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def gpu_modules() -> dict:
 
 
 def write_templates(folder: str) -> None:
-    """The engine's compiled templates its GPU test binds (tests/mxmoe/test_engine.py ``gpu_template_layers``),
-    written as ``$MXMOE_TEMPLATES`` would hold them: the test's method asked for each layer's template here."""
+    """The compiled templates the engine's and the transformers families' GPU tests bind
+    (tests/mxmoe/test_engine.py ``gpu_template_layers``, tests/mxmoe/test_transformers_gpu.py ``write_templates``),
+    written as ``$MXMOE_TEMPLATES`` holds them."""
     os.environ["MXMOE_TEMPLATES"] = folder
     spec = importlib.util.spec_from_file_location("_gpu_templates_engine", os.path.join(HERE, "mxmoe/test_engine.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -52,6 +54,10 @@ def write_templates(folder: str) -> None:
         t0 = time.perf_counter()
         method.template(layer)
         print(f"engine template {case}: {time.perf_counter() - t0:.0f} s", flush=True)
+    spec = importlib.util.spec_from_file_location("_gpu_templates_tf", os.path.join(HERE, "mxmoe/test_transformers_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_templates()
 
 
 def main(argv: list[str]) -> int:

@@ -66,17 +66,21 @@ class _State:
     def weights(self, top_k: int) -> MoEWeights:
         return MoEWeights(self.spec.config(top_k), None, None, **self.fields)
 
+    def template(self, top_k: int, dtype: torch.dtype):
+        """The modular entry's compiled module (without weights) for ``top_k`` and ``dtype``."""
+        try:
+            return layer_template(self.weights(top_k), dtype, self.target, ["modular"])
+        except Exception as e:  # noqa: BLE001 - named and re-raised
+            raise RuntimeError(f"{self.label}: compiling its experts (E={self.spec.num_experts}, "
+                               f"H={self.spec.hidden}, I={self.spec.intermediate}, top_k={top_k}, {dtype}) for "
+                               f"target {self.target.name} failed: {e}") from e
+
     def entry(self, top_k: int, dtype: torch.dtype):
         key = (top_k, dtype)
         found = self.bound.get(key)
         if found is None:
             weights = self.weights(top_k)
-            try:
-                template = layer_template(weights, dtype, self.target, ["modular"])
-            except Exception as e:  # noqa: BLE001 - named and re-raised
-                raise RuntimeError(f"{self.label}: compiling its experts (E={self.spec.num_experts}, "
-                                   f"H={self.spec.hidden}, I={self.spec.intermediate}, top_k={top_k}, {dtype}) for "
-                                   f"target {self.target.name} failed: {e}") from e
+            template = self.template(top_k, dtype)
             forms = template.stored_forms
             if self.stored is None or self.stored[0] != forms:
                 self.stored = (forms, store_layer(template, weights))
@@ -305,7 +309,7 @@ def _looks_like_experts(module: nn.Module) -> bool:
 
 
 def quantize_experts(model: nn.Module, target=None, *, keep_float: bool = False, compile: bool = True,  # noqa: A002
-                     progress: bool | None = None) -> ExpertsReport:
+                     bind: bool = True, progress: bool | None = None) -> ExpertsReport:
     """Quantize the float weights of every experts module of ``model`` to MXFP4 in place (OCP recipe,
     ``mxmoe.core.mxfp4.quantize``), and compile the modular entry once per distinct shape for ``target`` (default:
     the weights' device: ``cpu`` or ``cuda:sm_XY``). Returns an :class:`ExpertsReport`.
@@ -314,7 +318,9 @@ def quantize_experts(model: nn.Module, target=None, *, keep_float: bool = False,
     with ``experts_implementation="mxmoe"``); their float weights are freed unless ``keep_float``. Modules mxmoe
     cannot run are left as they are and listed in ``report.skipped`` with the reason. Float weights that are
     MXFP4 values already (an MXFP4 checkpoint loaded dequantized, e.g. gpt-oss) quantize exactly: ``exact`` says
-    so. ``compile=False`` leaves compiling to the first call.
+    so. ``compile=False`` leaves compiling to the first call. ``bind=False`` compiles without binding the weights:
+    on a machine without the target's device, to write the compiled templates a serving machine without the
+    compiler reads (``$MXMOE_TEMPLATES``, docs/interface.md).
     """
     from mxmoe.compiler.targets import get_target
 
@@ -353,12 +359,13 @@ def quantize_experts(model: nn.Module, target=None, *, keep_float: bool = False,
     if bar is not None:
         bar.close()
     if compile:
-        _compile_shapes(model, report)
+        _compile_shapes(model, report, bind)
     return report
 
 
-def _compile_shapes(model: nn.Module, report: ExpertsReport) -> None:
-    """Compile (and bind) every quantized module whose top-k its config gives, once per distinct shape."""
+def _compile_shapes(model: nn.Module, report: ExpertsReport, bind: bool = True) -> None:
+    """Compile (and bind, unless not ``bind``) every quantized module whose top-k its config gives, once per
+    distinct shape."""
     seen: dict[tuple, dict] = {}
     for name, module in model.named_modules():
         state = module.__dict__.get(_STATE_ATTR)
@@ -368,7 +375,10 @@ def _compile_shapes(model: nn.Module, report: ExpertsReport) -> None:
         dtype = state.spec.dtype if state.spec.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
         key = (state.spec.config(k), dtype, state.target)
         t0 = time.perf_counter()
-        state.entry(k, dtype)
+        if bind:
+            state.entry(k, dtype)
+        else:
+            state.template(k, dtype)
         if key not in seen:
             seen[key] = {"config": key[0], "dtype": str(dtype).replace("torch.", ""), "modules": 0, "compile_s": 0.0}
             report.shapes.append(seen[key])

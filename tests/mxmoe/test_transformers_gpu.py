@@ -19,12 +19,31 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"]
 
 
-def _tiny(family: str):
-    pytest.importorskip("iree.compiler", reason="the compiler's IREE bindings are not on this GPU machine")
+def _tiny(family: str, compiler: bool = True):
+    """The family's tiny model on the GPU. ``compiler``: the test compiles (the torch.compile backend); else the
+    experts' modules may come from ``$MXMOE_TEMPLATES`` (tests/write_gpu_modules.py writes them)."""
+    import os
+
+    from mxmoe.engine import TEMPLATES_ENV, _has_compiler
+
+    if not _has_compiler() and (compiler or not os.environ.get(TEMPLATES_ENV)):
+        pytest.skip("the compiler's IREE bindings are not on this GPU machine"
+                    + ("" if compiler else f" and ${TEMPLATES_ENV} is not set"))
     pytest.importorskip("transformers")
     from mxmoe.transformers.families import tiny_model
 
     return tiny_model(family).cuda()
+
+
+def write_templates() -> None:
+    """The experts' compiled templates of every family's tiny model for cuda:sm_90, into ``$MXMOE_TEMPLATES`` (on a
+    machine with the compiler, for tests/write_gpu_modules.py)."""
+    import mxmoe.transformers as mt
+    from mxmoe.transformers.families import tiny_model
+
+    for family in FAMILIES:
+        mt.quantize_experts(tiny_model(family), target="cuda:sm_90", bind=False, progress=False)
+        print(f"transformers templates {family}", flush=True)
 
 
 #: logits of a tiny fp32 model whose experts run with bf16 operands, relative to the eager model's (as the CPU
@@ -55,7 +74,7 @@ def _greedy_agrees(model, run, prompt, new_tokens=8) -> None:
 def test_experts_implementation_on_cuda(family):
     import mxmoe.transformers as mt
 
-    model = _tiny(family)
+    model = _tiny(family, compiler=False)
     report = mt.quantize_experts(model)
     assert report.modules and report.target.startswith("cuda:sm_")
     mt.dequantize_experts(model)
