@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mxmoe-installed
 
-.PHONY: demo test test-all install clean
+.PHONY: demo test test-all install clean gpu-plans gpu-test
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -32,6 +32,28 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=15
+
+# GPU work (docs/nvidia.md "Tests"). The GPU machines here have torch and triton but no IREE, so what the GPU tests and
+# benchmarks/gpu_moe.py compile is built on a machine with the compiler (no GPU needed) and carried over as one file:
+#   make gpu-plans   (here: kernel bundles, sharded and test artifacts, the tests' modules and templates; ~10 min)
+#   make gpu-test    (on the GPU machine, from the repository root with build/gpu_carry.tar.xz: pytest -m gpu)
+GPU_PLANS ?= build/gpu_plans
+gpu-plans: $(STAMP)
+	$(PY) -P benchmarks/gpu_moe.py --build $(GPU_PLANS) --models 'gpt-oss-20b;gpt-oss-120b;16,3,384,320,256'
+	$(PY) -P benchmarks/gpu_moe.py --build $(GPU_PLANS) --activations mxfp8 --models 'gpt-oss-20b;8,3,512,352'
+	$(PY) -P -c "import sys; sys.path[:0] = ['tests/mxmoe']; import test_distributed as t; t.write_cuda_artifacts('$(GPU_PLANS)')"
+	$(VENV)/bin/mxmoe compile --preset tiny --seed 12 --target cuda:sm_90 -o $(GPU_PLANS)/tiny-sm90.mxmoe
+	$(PY) -P tests/write_gpu_modules.py $(GPU_PLANS)
+	tar cf - $(GPU_PLANS) | xz -T0 > build/gpu_carry.tar.xz
+
+# NVLink multicast off (the lent machines' NCCL cannot use it); PYTHON: the GPU machine's interpreter
+PYTHON ?= python
+gpu-test:
+	tar xJf build/gpu_carry.tar.xz
+	. benchmarks/_devpath.sh && PYTHONPATH="$$PYTHONPATH:$(CURDIR)" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+	  NVSHMEM_DISABLE_NVLS=1 MXMOE_GPU_PLANS=$(CURDIR)/$(GPU_PLANS) MXMOE_TEMPLATES=$(CURDIR)/$(GPU_PLANS)/templates \
+	  MXMOE_TEST_SM90_ARTIFACT=$(CURDIR)/$(GPU_PLANS)/tiny-sm90.mxmoe \
+	  $(PYTHON) -P -m pytest -q -m gpu -p no:cacheprovider -n 8 --dist loadfile -rfEs --durations=10 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
