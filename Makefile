@@ -48,6 +48,7 @@ gpu-plans: $(STAMP)
 
 # NVLink multicast off (the lent machines' NCCL cannot use it); PYTHON: the GPU machine's interpreter
 PYTHON ?= python
+gpu-test: SHELL := /bin/bash
 gpu-test:
 	tar xJf build/gpu_carry.tar.xz
 	. benchmarks/_devpath.sh && PYTHONPATH="$$PYTHONPATH:$(CURDIR)" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
