@@ -44,7 +44,7 @@ _TEMPLATES: dict[tuple, Any] = {}
 _TEMPLATES_LOCK = threading.Lock()
 #: a folder of compiled templates, written ahead of time (artifacts without weights, one per layer shape, target and
 #: options): :func:`layer_template` reads one there before compiling and writes what it compiles, so a serving
-#: machine without the compiler (no IREE) runs what a build machine with the same mxmoe wrote (docs/engine.md)
+#: machine without the compiler (no IREE) runs what a build machine with the same mxmoe wrote (docs/interface.md)
 TEMPLATES_ENV = "MXMOE_TEMPLATES"
 
 
@@ -88,8 +88,8 @@ def layer_template(weights: MoEWeights, dtype: torch.dtype, target, entries, opt
 
 def template_key(config: MoEConfig, dtype: torch.dtype, target, entries, options: dict) -> str:
     """The file name (SHA-256) of a template in ``$MXMOE_TEMPLATES``: the layer's config, activation dtype, target
-    (all its fields: arch, layout, padding), entries and compile options, and the mxmoe that compiled it (its version and a fingerprint of the sources that
-    make compiled code), so a template from other code is never taken."""
+    (all its fields: arch, layout, padding), entries and compile options, and the mxmoe that compiled it (its version
+    and a fingerprint of the sources that make compiled code), so a template from other code is never taken."""
     from mxmoe.compiler.targets import get_target
     from mxmoe.core._version import __version__
     from mxmoe.torch_frontend.compile_cache import source_fingerprint

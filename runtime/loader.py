@@ -219,9 +219,14 @@ def _memory_weights(art: Artifact, weights) -> dict[str, np.ndarray]:
         if missing:
             raise WeightsError(f"{art.path}: a {type(weights).__name__} has no {', '.join(missing)}; pass MoEWeights "
                                "or a mapping of parameter name to array")
-        named = {param: getattr(weights, field) for field, param in fields.items()
-                 if getattr(weights, field) is not None}
+        named = _moe_arrays(model, weights)
     return {name: _host_array(name, a) for name, a in named.items()}
+
+
+def _moe_arrays(model: dict, weights) -> dict:
+    """``weights``' arrays (an ``MoEWeights``) by the parameter names the manifest's ``model`` gives its fields."""
+    return {param: getattr(weights, field) for field, param in model["parameters"].items()
+            if getattr(weights, field) is not None}
 
 
 def _host_array(name: str, a) -> np.ndarray:
@@ -295,7 +300,7 @@ def raw_weights(art: Artifact, src: dict) -> dict[str, np.ndarray]:
         if diff:
             raise WeightsError(f"{src['path']}: layer shape differs from the artifact's: "
                                + ", ".join(f"{k} {cfg[k]} vs {want[k]}" for k in diff))
-        return {param: getattr(w, field) for field, param in model["parameters"].items() if getattr(w, field) is not None}
+        return _moe_arrays(model, w)
     if kind == "safetensors":
         from mxmoe.core.checkpoint import read_safetensors
 

@@ -27,14 +27,19 @@ FILES = ("compiler/test_cuda_interface_gpu.py", "kernels/test_triton_fuzz_gpu.py
          "torch_frontend/test_routing_contract.py")
 
 
+def _test_file(rel: str):
+    """The test file ``rel`` (under tests/) imported as a module (the tests import in pytest's importlib mode)."""
+    spec = importlib.util.spec_from_file_location(f"_gpu_{rel.replace('/', '_')[:-3]}", os.path.join(HERE, rel))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def gpu_modules() -> dict:
     """Every test file's GPU_MODULES, merged (keys are unique across files)."""
     out = {}
     for rel in FILES:
-        spec = importlib.util.spec_from_file_location(f"_gpu_modules_{rel.replace('/', '_')[:-3]}",
-                                                      os.path.join(HERE, rel))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _test_file(rel)
         clash = set(out) & set(mod.GPU_MODULES)
         if clash:
             raise SystemExit(f"{rel}: GPU_MODULES keys also in another file: {sorted(clash)}")
@@ -47,17 +52,11 @@ def write_templates(folder: str) -> None:
     (tests/mxmoe/test_engine.py ``gpu_template_layers``, tests/mxmoe/test_transformers_gpu.py ``write_templates``),
     written as ``$MXMOE_TEMPLATES`` holds them."""
     os.environ["MXMOE_TEMPLATES"] = folder
-    spec = importlib.util.spec_from_file_location("_gpu_templates_engine", os.path.join(HERE, "mxmoe/test_engine.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    for case, method, layer in mod.gpu_template_layers():
+    for case, method, layer in _test_file("mxmoe/test_engine.py").gpu_template_layers():
         t0 = time.perf_counter()
         method.template(layer)
         print(f"engine template {case}: {time.perf_counter() - t0:.0f} s", flush=True)
-    spec = importlib.util.spec_from_file_location("_gpu_templates_tf", os.path.join(HERE, "mxmoe/test_transformers_gpu.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.write_templates()
+    _test_file("mxmoe/test_transformers_gpu.py").write_templates()
 
 
 def main(argv: list[str]) -> int:

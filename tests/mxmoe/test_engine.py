@@ -101,18 +101,25 @@ def _method(cfg: MoEConfig, w: MoEWeights, **options) -> Mxfp4MoEMethod:
         e_score_correction_bias=cfg.score_bias, fp32_router_logits=cfg.router_fp32, **options)
 
 
+def _loaded_layer(case: str, **options):
+    """(config, weights, method, layer) for ``CASES[case]``: the method's parameters created on a layer and filled as a
+    checkpoint loader would, not yet processed."""
+    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
+    w = MoEWeights.random(cfg, seed=7)
+    method = _method(cfg, w, **options)
+    layer = nn.Module()
+    method.create_weights(layer, params_dtype=torch.bfloat16)
+    _load(layer, w, cfg, method)
+    return cfg, w, method, layer
+
+
 @pytest.fixture(scope="module", params=[(case, t) for case in CASES for t in ENGINE_TARGETS],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def engine_layer(request):
     case, where = request.param
     if where != "cpu":
         pytest.importorskip("iree.compiler")
-    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
-    w = MoEWeights.random(cfg, seed=7)
-    method = _method(cfg, w, **ENGINE_TARGETS[where])
-    layer = nn.Module()
-    method.create_weights(layer, params_dtype=torch.bfloat16)
-    _load(layer, w, cfg, method)
+    _, w, method, layer = _loaded_layer(case, **ENGINE_TARGETS[where])
     method.process_weights_after_loading(layer)
     return method, layer, _bf16_floats(w)
 
@@ -194,14 +201,9 @@ def test_templates_folder_serves_a_machine_without_the_compiler(tmp_path, monkey
 
     monkeypatch.setenv(engine.TEMPLATES_ENV, str(tmp_path))
     monkeypatch.setattr(engine, "_TEMPLATES", {})
-    cfg = MoEConfig(router=False, router_bias=False, **CASES["gpt-oss"])
-    w = MoEWeights.random(cfg, seed=7)
 
     def run():
-        method = _method(cfg, w, target=PADDED_CPU)
-        layer = nn.Module()
-        method.create_weights(layer, params_dtype=torch.bfloat16)
-        _load(layer, w, cfg, method)
+        cfg, _, method, layer = _loaded_layer("gpt-oss", target=PADDED_CPU)
         method.process_weights_after_loading(layer)
         g = torch.Generator().manual_seed(3)
         return method.apply_monolithic(layer, torch.randn(9, cfg.hidden, generator=g).bfloat16(),
@@ -266,16 +268,15 @@ def _compiler_or_templates() -> None:
         pytest.skip(f"no compiler here and ${TEMPLATES_ENV} not set")
 
 
+#: the engine method's options in the GPU test (and so in the templates written for it)
+_CUDA_GRAPHS = dict(target="cuda:sm_90", max_capture_size=256)
+
+
 #: the engine's GPU test layers, for tests/write_gpu_modules.py: it runs each through the method on the build machine
 #: (target cuda:sm_90, nothing bound) with $MXMOE_TEMPLATES set, which writes their templates
 def gpu_template_layers():
     for case in CASES:
-        cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
-        w = MoEWeights.random(cfg, seed=7)
-        method = _method(cfg, w, target="cuda:sm_90", max_capture_size=256)
-        layer = nn.Module()
-        method.create_weights(layer, params_dtype=torch.bfloat16)
-        _load(layer, w, cfg, method)
+        _, _, method, layer = _loaded_layer(case, **_CUDA_GRAPHS)
         yield case, method, layer
 
 
@@ -286,12 +287,7 @@ def test_cuda_graph_capture_on_the_gpu(case):
     """``max_capture_size`` on a GPU: apply and apply_monolithic captured in CUDA graphs and replayed with new inputs
     give what eager calls give, which match the reference."""
     _compiler_or_templates()
-    cfg = MoEConfig(router=False, router_bias=False, **CASES[case])
-    w = MoEWeights.random(cfg, seed=7)
-    method = _method(cfg, w, target="cuda:sm_90", max_capture_size=256)
-    layer = nn.Module()
-    method.create_weights(layer, params_dtype=torch.bfloat16)
-    _load(layer, w, cfg, method)
+    cfg, w, method, layer = _loaded_layer(case, **_CUDA_GRAPHS)
     layer.cuda()
     method.process_weights_after_loading(layer)
     g = torch.Generator().manual_seed(1)
